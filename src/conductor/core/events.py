@@ -1,0 +1,82 @@
+"""Canonical events the core consumes.
+
+KV events (what a holder caches) come from engines' KV-event streams (gateway) or from the
+simulator's cache model. Lifecycle events (prefill done, request finished, instance up or
+down) come from whoever executes the plans. All are frozen dataclasses with ``slots``.
+``seq`` is the publisher's sequence number when known (gap detection lives in the shells).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conductor.core.types import BlockHash, InstanceId, RequestId, Tier
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksStored:
+    """``holder`` now caches ``block_hashes`` (a chain, in prefix order) in ``tier``."""
+
+    holder: InstanceId
+    block_hashes: tuple[BlockHash, ...]
+    tier: Tier = Tier.GPU
+    seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlocksRemoved:
+    """``holder`` evicted ``block_hashes`` from ``tier``."""
+
+    holder: InstanceId
+    block_hashes: tuple[BlockHash, ...]
+    tier: Tier = Tier.GPU
+    seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """``holder`` dropped every block (of ``tier``, or of all tiers when ``tier`` is None)."""
+
+    holder: InstanceId
+    tier: Tier | None = None
+    seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceGone:
+    """``holder`` died or was removed: its blocks leave the index and its load is dropped."""
+
+    holder: InstanceId
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillFinished:
+    """The prefill of ``request_id`` ended on ``instance`` at ``now_s`` (first token out)."""
+
+    request_id: RequestId
+    instance: InstanceId
+    now_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFinished:
+    """``request_id`` left its decode instance (completed, aborted or failed)."""
+
+    request_id: RequestId
+    instance: InstanceId
+    now_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeProgress:
+    """``request_id`` on ``instance`` has produced ``generated_tokens`` so far (optional)."""
+
+    request_id: RequestId
+    instance: InstanceId
+    generated_tokens: int
+    now_s: float
+
+
+KvEvent = BlocksStored | BlocksRemoved | AllBlocksCleared | InstanceGone
+LifecycleEvent = PrefillFinished | RequestFinished | DecodeProgress
+Event = KvEvent | LifecycleEvent
