@@ -1,0 +1,306 @@
+"""The facade shells use: :class:`Conductor` — ``schedule()``, ``on_event()`` and instance
+membership. Pure: time comes in as ``now_s``, randomness from a seeded ``random.Random``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from conductor.core.config import SchedulerConfig
+from conductor.core.costmodel import CostModel
+from conductor.core.errors import InvalidInput, UnknownInstance
+from conductor.core.events import (
+    AllBlocksCleared,
+    BlocksRemoved,
+    BlocksStored,
+    DecodeProgress,
+    Event,
+    InstanceGone,
+    PrefillFinished,
+    RequestFinished,
+)
+from conductor.core.plan import Decision, Fetch, Migration, Plan, Rejection
+from conductor.core.policies import DecodePolicy, PrefillChoice, SchedulingContext, make_policy
+from conductor.core.policies.decode import LeastTbtDecode
+from conductor.core.prefix_index import PrefixIndex
+from conductor.core.state import InstanceSpec, InstanceState
+from conductor.core.types import InstanceId, Request, RequestId
+
+
+@dataclass(slots=True)
+class _InFlight:
+    request: Request
+    prefill: InstanceId
+    decode: InstanceId | None
+    prefill_done: bool = False
+
+
+class Conductor:
+    """Global scheduler: picks (prefill, decode) per request or rejects it.
+
+    Invariants: every in-flight request's prefill instance has it queued until
+    :class:`PrefillFinished`; its decode instance holds its KV reservation until
+    :class:`RequestFinished`; an instance removed takes its bookkeeping and blocks along.
+    """
+
+    def __init__(
+        self,
+        cost: CostModel,
+        *,
+        policy: str = "mooncake",
+        config: SchedulerConfig | None = None,
+        decode_policy: DecodePolicy | None = None,
+    ) -> None:
+        self.cost = cost
+        self.config = config or SchedulerConfig()
+        self.policy_name = policy
+        self.policy = make_policy(policy)
+        self.decode_policy: DecodePolicy = decode_policy or LeastTbtDecode()
+        self.index = PrefixIndex()
+        self.instances: dict[InstanceId, InstanceState] = {}
+        self._inflight: dict[RequestId, _InFlight] = {}
+        self._rng = random.Random(self.config.seed)
+        self._rr = 0
+        self._pools: tuple[list[InstanceState], list[InstanceState]] | None = None
+
+    # -- membership ----------------------------------------------------------------------
+    def add_instance(self, spec: InstanceSpec) -> None:
+        if spec.instance_id in self.instances:
+            raise InvalidInput("instance_id", spec.instance_id, "already registered")
+        self.instances[spec.instance_id] = InstanceState(spec)
+        self.index.add_holder(spec.instance_id)
+        self._pools = None
+
+    def add_store_node(self, holder: InstanceId) -> None:
+        """A node of the shared KV pool: it holds blocks but runs no requests."""
+        self.index.add_holder(holder)
+
+    def remove_instance(self, instance: InstanceId) -> list[RequestId]:
+        """Forget ``instance``; returns the in-flight requests that were placed on it."""
+        if instance not in self.instances and instance not in self.index:
+            raise UnknownInstance(instance)
+        self.instances.pop(instance, None)
+        if instance in self.index:
+            self.index.remove_holder(instance)
+        self._pools = None
+        lost = [
+            rid
+            for rid, f in self._inflight.items()
+            if f.prefill == instance or f.decode == instance
+        ]
+        for rid in lost:
+            self._forget(rid)
+        return lost
+
+    def set_health(self, instance: InstanceId, *, healthy: bool) -> None:
+        self._state(instance).healthy = healthy
+        self._pools = None
+
+    def set_draining(self, instance: InstanceId, *, draining: bool) -> None:
+        self._state(instance).draining = draining
+        self._pools = None
+
+    def _state(self, instance: InstanceId) -> InstanceState:
+        try:
+            return self.instances[instance]
+        except KeyError:
+            raise UnknownInstance(instance) from None
+
+    def pools(self) -> tuple[list[InstanceState], list[InstanceState]]:
+        if self._pools is None:
+            states = [s for s in self.instances.values() if s.schedulable]
+            self._pools = (
+                [s for s in states if s.spec.role.prefills],
+                [s for s in states if s.spec.role.decodes],
+            )
+        return self._pools
+
+    # -- events --------------------------------------------------------------------------
+    def on_event(self, event: Event) -> None:
+        match event:
+            case BlocksStored(holder, hashes, tier, _):
+                self.index.store(holder, hashes, tier)
+            case BlocksRemoved(holder, hashes, tier, _):
+                self.index.remove(holder, hashes, tier)
+            case AllBlocksCleared(holder, tier, _):
+                self.index.clear(holder, tier)
+            case InstanceGone(holder):
+                self.remove_instance(holder)
+            case PrefillFinished(rid, inst, now):
+                self._state(inst).prefill.finish(rid, now)
+                f = self._inflight.get(rid)
+                if f is not None:
+                    f.prefill_done = True
+                    if f.decode is None:
+                        self._inflight.pop(rid)
+            case RequestFinished(rid, inst, _):
+                self._state(inst).decode.release(rid)
+                self._inflight.pop(rid, None)
+            case DecodeProgress(rid, inst, generated, _):
+                self._state(inst).decode.progress(rid, generated)
+            case _:
+                raise InvalidInput("event", event, "not a conductor event")
+
+    def on_events(self, events: Iterable[Event]) -> None:
+        for e in events:
+            self.on_event(e)
+
+    def _forget(self, rid: RequestId) -> None:
+        f = self._inflight.pop(rid, None)
+        if f is None:
+            return
+        p = self.instances.get(f.prefill)
+        if p is not None and not f.prefill_done:
+            p.prefill.drop(rid)
+        if f.decode is not None:
+            d = self.instances.get(f.decode)
+            if d is not None:
+                d.decode.release(rid)
+
+    def cancel(self, rid: RequestId) -> None:
+        """Drop a request's bookkeeping (client went away, or it failed)."""
+        self._forget(rid)
+
+    # -- scheduling ----------------------------------------------------------------------
+    def validate(self, request: Request) -> None:
+        if request.prompt_tokens <= 0:
+            raise InvalidInput("prompt_tokens", request.prompt_tokens, "must be > 0")
+        if request.output_tokens < 0:
+            raise InvalidInput("output_tokens", request.output_tokens, "must be >= 0")
+        most = math.ceil(request.prompt_tokens / self.config.block_size_tokens)
+        if len(request.block_hashes) > most:
+            raise InvalidInput(
+                "block_hashes",
+                len(request.block_hashes),
+                f"more blocks than ceil({request.prompt_tokens}/"
+                f"{self.config.block_size_tokens}) = {most}",
+            )
+        if request.request_id in self._inflight:
+            raise InvalidInput("request_id", request.request_id, "already in flight")
+
+    def context(self, request: Request, now_s: float) -> SchedulingContext | None:
+        prefill_pool, decode_pool = self.pools()
+        if not prefill_pool or not decode_pool:
+            return None
+        return SchedulingContext(
+            request=request,
+            now_s=now_s,
+            match=self.index.match(request.block_hashes),
+            prefill_pool=prefill_pool,
+            decode_pool=decode_pool,
+            cost=self.cost,
+            config=self.config,
+            rng=self._rng,
+            round_robin_counter=self._rr,
+        )
+
+    def schedule(self, request: Request, now_s: float) -> Decision:
+        """Choose where ``request`` runs, or reject it; commits the choice to the state."""
+        self.validate(request)
+        ctx = self.context(request, now_s)
+        if ctx is None:
+            return Rejection(request.request_id, "no_instance", "no schedulable instance")
+        self._rr += 1
+        pre = self.policy.choose_prefill(ctx)
+        dec = self.decode_policy.choose_decode(ctx, pre)
+        rejection = self._admit(ctx, pre, dec.tbt_s, dec.fits)
+        if rejection is not None:
+            return rejection
+        return self._commit(ctx, pre, dec.instance, dec.tbt_s)
+
+    def _admit(
+        self, ctx: SchedulingContext, pre: PrefillChoice, tbt_s: float, decode_fits: bool
+    ) -> Rejection | None:
+        mode = self.config.admission
+        if mode == "off":
+            return None
+        req = ctx.request
+        ttft_slo = req.ttft_slo_s or self.config.ttft_slo_s
+        if pre.ttft_s > ttft_slo:
+            return Rejection(
+                req.request_id,
+                "ttft_slo",
+                f"predicted TTFT {pre.ttft_s:.3f}s > SLO {ttft_slo:.3f}s on {pre.instance}",
+                pre.ttft_s,
+                tbt_s,
+            )
+        if mode == "early" and not decode_fits:
+            tbt_slo = req.tbt_slo_s or self.config.tbt_slo_s
+            code, why = (
+                ("tbt_slo", f"predicted TBT {tbt_s * 1e3:.1f}ms > SLO {tbt_slo * 1e3:.1f}ms")
+                if tbt_s > tbt_slo
+                else ("kv_capacity", "no decode instance has KV room")
+            )
+            return Rejection(req.request_id, code, why, pre.ttft_s, tbt_s)
+        return None
+
+    def _commit(
+        self, ctx: SchedulingContext, pre: PrefillChoice, decode: InstanceId, tbt_s: float
+    ) -> Plan:
+        req = ctx.request
+        p_state = self.instances[pre.instance]
+        new_tokens = req.prompt_tokens - pre.cached_tokens
+        p_state.prefill.assign(
+            req.request_id, pre.prefill_s + pre.transfer_s, new_tokens, ctx.now_s
+        )
+        fetch: Fetch | None = None
+        migrations: tuple[Migration, ...] = ()
+        if pre.fetch_source is not None and pre.fetch_tokens > 0:
+            bs = self.config.block_size_tokens
+            first = pre.local_tokens // bs
+            last = ctx.match.best_blocks
+            hashes = tuple(req.block_hashes[first:last])
+            fetch = Fetch(pre.fetch_source, pre.fetch_tokens, hashes)
+            migrations = (Migration(pre.fetch_source, pre.instance, hashes),)
+        deferred = self.config.admission == "baseline"
+        if not deferred:
+            self.instances[decode].decode.admit(
+                req.request_id, req.prompt_tokens, req.output_tokens
+            )
+        self._inflight[req.request_id] = _InFlight(req, pre.instance, None if deferred else decode)
+        return Plan(
+            request_id=req.request_id,
+            prefill=pre.instance,
+            decode=decode,
+            policy=self.policy_name,
+            local_tokens=pre.local_tokens,
+            fetch=fetch,
+            predicted_ttft_s=pre.ttft_s,
+            queue_s=pre.queue_s,
+            transfer_s=pre.transfer_s,
+            prefill_s=pre.prefill_s,
+            predicted_tbt_s=tbt_s,
+            migrations=migrations,
+        )
+
+    def confirm_decode(self, rid: RequestId, now_s: float) -> InstanceId | Rejection:
+        """At the end of prefill, pick (again) the decode instance and check the TBT SLO
+        against the load *now* — the local double-check of arXiv §3, and the decode-side
+        check of the ``baseline`` admission. Reserves the KV on success; on rejection the
+        request is forgotten (its prefill work is wasted)."""
+        f = self._inflight.get(rid)
+        if f is None:
+            raise InvalidInput("request_id", rid, "not in flight")
+        if f.decode is not None:
+            return f.decode
+        _, decode_pool = self.pools()
+        ctx = self.context(f.request, now_s)
+        if ctx is None or not decode_pool:
+            self._forget(rid)
+            return Rejection(rid, "no_instance", "no schedulable decode instance")
+        dec = self.decode_policy.choose_decode(ctx, ctx.local_choice(self.instances[f.prefill]))
+        if not dec.fits:
+            self._forget(rid)
+            tbt_slo = f.request.tbt_slo_s or self.config.tbt_slo_s
+            code = "tbt_slo" if dec.tbt_s > tbt_slo else "kv_capacity"
+            return Rejection(rid, code, f"decode check at prefill end: {code}", None, dec.tbt_s)
+        req = f.request
+        self.instances[dec.instance].decode.admit(rid, req.prompt_tokens, req.output_tokens)
+        f.decode = dec.instance
+        return dec.instance
+
+    def inflight(self) -> int:
+        return len(self._inflight)

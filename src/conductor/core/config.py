@@ -1,0 +1,48 @@
+"""Scheduler configuration: one frozen dataclass, built once by the shell, units in names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conductor.core.errors import InvalidInput
+
+ADMISSION_MODES = ("off", "baseline", "early", "predictive")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Knobs of :class:`conductor.core.conductor.Conductor`.
+
+    ``kvcache_balancing_threshold``: Algorithm 1 fetches the best remote prefix to an
+    instance when ``best_prefix / local_prefix > threshold`` (a zero local prefix counts as
+    an infinite ratio). ``admission``: ``off`` never rejects; ``early`` rejects at arrival
+    when predicted TTFT or TBT misses its SLO; ``baseline`` checks prefill load at arrival and
+    decode load only when prefill ends; ``predictive`` predicts the decode load at the time
+    the request reaches decode (``decode_time_s`` is the uniform t_d of arXiv §7.4).
+    ``policy_params``: extra parameters passed to the policy by name.
+    """
+
+    block_size_tokens: int = 512
+    ttft_slo_s: float = 30.0
+    tbt_slo_s: float = 0.1
+    kvcache_balancing_threshold: float = 1.0
+    admission: str = "off"
+    decode_time_s: float = 20.0
+    seed: int = 0
+    policy_params: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.block_size_tokens <= 0:
+            raise InvalidInput("block_size_tokens", self.block_size_tokens, "must be > 0")
+        if self.ttft_slo_s <= 0:
+            raise InvalidInput("ttft_slo_s", self.ttft_slo_s, "must be > 0")
+        if self.tbt_slo_s <= 0:
+            raise InvalidInput("tbt_slo_s", self.tbt_slo_s, "must be > 0")
+        if self.kvcache_balancing_threshold < 1.0:
+            raise InvalidInput(
+                "kvcache_balancing_threshold", self.kvcache_balancing_threshold, "must be >= 1"
+            )
+        if self.admission not in ADMISSION_MODES:
+            raise InvalidInput("admission", self.admission, f"must be one of {ADMISSION_MODES}")
+        if self.decode_time_s <= 0:
+            raise InvalidInput("decode_time_s", self.decode_time_s, "must be > 0")

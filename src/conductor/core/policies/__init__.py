@@ -1,0 +1,29 @@
+"""Scheduling policies, one module each, chosen by name from the registry."""
+
+from conductor.core.policies import (  # noqa: F401  (imports register the policies)
+    cache_aware_local,
+    least_loaded,
+    mooncake,
+    random_policy,
+    round_robin,
+    weighted,
+)
+from conductor.core.policies.base import (
+    DecodeChoice,
+    DecodePolicy,
+    PrefillChoice,
+    PrefillPolicy,
+    SchedulingContext,
+)
+from conductor.core.policies.registry import make_policy, policy_names, register
+
+__all__ = [
+    "DecodeChoice",
+    "DecodePolicy",
+    "PrefillChoice",
+    "PrefillPolicy",
+    "SchedulingContext",
+    "make_policy",
+    "policy_names",
+    "register",
+]

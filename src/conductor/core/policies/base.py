@@ -1,0 +1,137 @@
+"""The policy interface: one small protocol, a context with the shared estimators, and the
+candidate types policies return.
+
+A prefill policy looks at a :class:`SchedulingContext` (request, prefix match, cluster state,
+cost model) and returns a :class:`PrefillChoice`. Decode placement is a second, smaller
+protocol; most policies use :func:`conductor.core.policies.decode.least_tbt`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from conductor.core.config import SchedulerConfig
+from conductor.core.costmodel import CostModel
+from conductor.core.prefix_index import PrefixMatch
+from conductor.core.state import InstanceState
+from conductor.core.types import InstanceId, Request
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChoice:
+    """Where prefill runs and what it reuses; times are predictions in seconds."""
+
+    instance: InstanceId
+    local_tokens: int
+    fetch_tokens: int
+    fetch_source: InstanceId | None
+    queue_s: float
+    transfer_s: float
+    prefill_s: float
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.local_tokens + self.fetch_tokens
+
+    @property
+    def ttft_s(self) -> float:
+        return self.queue_s + self.transfer_s + self.prefill_s
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeChoice:
+    instance: InstanceId
+    tbt_s: float
+    fits: bool
+
+
+@dataclass(slots=True)
+class SchedulingContext:
+    """What a policy may read. Estimators are methods so that policies share one formula."""
+
+    request: Request
+    now_s: float
+    match: PrefixMatch
+    prefill_pool: Sequence[InstanceState]
+    decode_pool: Sequence[InstanceState]
+    cost: CostModel
+    config: SchedulerConfig
+    rng: random.Random
+    round_robin_counter: int
+
+    def tokens(self, blocks: int) -> int:
+        """Reusable tokens covered by ``blocks`` leading blocks: the last block may be
+        partial, and the last prompt token is always computed (it yields the first token)."""
+        t = blocks * self.config.block_size_tokens
+        most = self.request.prompt_tokens - 1
+        return t if t < most else most
+
+    def local_tokens(self, inst: InstanceState) -> int:
+        return self.tokens(self.match.local_blocks.get(inst.spec.instance_id, 0))
+
+    def best_tokens(self) -> int:
+        return self.tokens(self.match.best_blocks)
+
+    def fetch_source(self, target: InstanceId) -> InstanceId | None:
+        """The holder of the best prefix to fetch from (the first that is not ``target``)."""
+        for h in self.match.best_holders:
+            if h != target:
+                return h
+        return None
+
+    def local_choice(self, inst: InstanceState) -> PrefillChoice:
+        """Compute on ``inst`` reusing only its own cache."""
+        local = self.local_tokens(inst)
+        return PrefillChoice(
+            inst.spec.instance_id,
+            local,
+            0,
+            None,
+            inst.prefill.queue_s(self.now_s),
+            0.0,
+            self.cost.prefill_s(self.request.prompt_tokens, local),
+        )
+
+    def fetch_choice(self, inst: InstanceState) -> PrefillChoice:
+        """Fetch the best remote prefix to ``inst`` and compute the rest there."""
+        iid = inst.spec.instance_id
+        local = self.local_tokens(inst)
+        best = self.best_tokens()
+        source = self.fetch_source(iid)
+        if source is None or best <= local:
+            return self.local_choice(inst)
+        fetch = best - local
+        bw = inst.spec.nic_bytes_per_s
+        return PrefillChoice(
+            iid,
+            local,
+            fetch,
+            source,
+            inst.prefill.queue_s(self.now_s),
+            self.cost.transfer_s(fetch, bw),
+            self.cost.prefill_s(self.request.prompt_tokens, best),
+        )
+
+
+class PrefillPolicy(Protocol):
+    name: ClassVar[str]
+
+    def choose_prefill(self, ctx: SchedulingContext) -> PrefillChoice: ...
+
+
+class DecodePolicy(Protocol):
+    def choose_decode(self, ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice: ...
+
+
+def argmin_ttft(choices: Sequence[PrefillChoice]) -> PrefillChoice:
+    """The smallest predicted TTFT; ties go to the earliest candidate (deterministic)."""
+    best = choices[0]
+    best_t = best.ttft_s
+    for c in choices[1:]:
+        t = c.ttft_s
+        if t < best_t:
+            best, best_t = c, t
+    return best

@@ -1,0 +1,55 @@
+"""Load-balancing decoding scheduling (Mooncake Algorithm 1, line 24).
+
+For every decode instance predict the step time it would have with this request added,
+``TBT = decode_step(B + 1, sum_ctx + prompt_tokens)``, and pick the lowest among those whose
+KV room and batch limit admit the request. ``fits`` is False when none meets the TBT SLO or
+none has room (the best effort is still returned so admission can report it).
+"""
+
+from __future__ import annotations
+
+from conductor.core.policies.base import DecodeChoice, PrefillChoice, SchedulingContext
+from conductor.core.state import InstanceState
+
+
+def predicted_tbt_s(ctx: SchedulingContext, inst: InstanceState) -> float:
+    d = inst.decode
+    return ctx.cost.decode_step_s(d.batch_size + 1, d.context_tokens + ctx.request.prompt_tokens)
+
+
+def has_room(ctx: SchedulingContext, inst: InstanceState) -> bool:
+    d = inst.decode
+    need = ctx.request.prompt_tokens + ctx.request.output_tokens
+    spec = inst.spec
+    cap = (
+        spec.kv_capacity_tokens
+        if spec.kv_capacity_tokens is not None
+        else ctx.cost.kv_capacity_tokens
+    )
+    batch = spec.max_batch_size if spec.max_batch_size is not None else ctx.cost.max_batch_size
+    return d.kv_reserved_tokens + need <= cap and d.batch_size < batch
+
+
+def least_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
+    del prefill
+    slo = ctx.request.tbt_slo_s or ctx.config.tbt_slo_s
+    best: DecodeChoice | None = None
+    fallback: DecodeChoice | None = None
+    for inst in ctx.decode_pool:
+        tbt = predicted_tbt_s(ctx, inst)
+        if has_room(ctx, inst):
+            if best is None or tbt < best.tbt_s:
+                best = DecodeChoice(inst.spec.instance_id, tbt, tbt <= slo)
+        elif fallback is None or tbt < fallback.tbt_s:
+            fallback = DecodeChoice(inst.spec.instance_id, tbt, False)
+    if best is not None:
+        return best
+    assert fallback is not None, "decode pool is empty"
+    return fallback
+
+
+class LeastTbtDecode:
+    """The default :class:`DecodePolicy`."""
+
+    def choose_decode(self, ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
+        return least_tbt(ctx, prefill)

@@ -1,0 +1,34 @@
+"""Policy registry: names are part of the CLI contract."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from conductor.core.errors import UnknownPolicy
+from conductor.core.policies.base import PrefillPolicy
+
+_REGISTRY: dict[str, Callable[[], PrefillPolicy]] = {}
+
+P = TypeVar("P")
+
+
+def register(cls: type[P]) -> type[P]:
+    """Class decorator: register a prefill policy under its ``name``."""
+    name: str = cls.name  # type: ignore[attr-defined]
+    if name in _REGISTRY:
+        raise ValueError(f"policy {name!r} registered twice")
+    _REGISTRY[name] = cls  # type: ignore[assignment]
+    return cls
+
+
+def make_policy(name: str) -> PrefillPolicy:
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise UnknownPolicy(name, list(_REGISTRY)) from None
+    return factory()
+
+
+def policy_names() -> list[str]:
+    return list(_REGISTRY)

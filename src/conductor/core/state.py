@@ -1,0 +1,146 @@
+"""Per-instance load bookkeeping: queued prefill work, decode batch, KV use, health.
+
+Prefill (FCFS): ``busy_until_s`` is the predicted time at which the instance has drained
+everything assigned to it, so ``queue_s(now) = max(0, busy_until_s - now)`` is "the prefill
+times of all queued requests" (FAST §4.1) including what is left of the running one. When a
+prefill ends earlier or later than predicted, the rest of the queue shifts by the error.
+
+Decode: the running batch (requests, context tokens) and the KV tokens reserved for them
+(prompt + expected output), so admission can check both TBT and KV room.
+
+Invariants: ``queued_requests == len(_pred_end)``; ``batch_size == len(_ctx)``;
+``context_tokens == sum(_ctx.values())``; ``kv_reserved_tokens == sum(_kv.values())``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conductor.core.types import InstanceId, RequestId, Role
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """Static facts about one engine instance."""
+
+    instance_id: InstanceId
+    role: Role
+    kv_capacity_tokens: int | None = None  # None: the cost model's
+    max_batch_size: int | None = None  # None: the cost model's
+    nic_bytes_per_s: float | None = None
+    rack: str = "rack0"
+    cache_capacity_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class PrefillState:
+    busy_until_s: float = 0.0
+    _pred_end: dict[RequestId, float] = field(default_factory=dict)
+    _pred_s: dict[RequestId, float] = field(default_factory=dict)
+    queued_tokens: int = 0
+    _tokens: dict[RequestId, int] = field(default_factory=dict)
+
+    @property
+    def queued_requests(self) -> int:
+        return len(self._pred_end)
+
+    def queue_s(self, now_s: float) -> float:
+        q = self.busy_until_s - now_s
+        return q if q > 0.0 else 0.0
+
+    def assign(self, rid: RequestId, predicted_s: float, new_tokens: int, now_s: float) -> float:
+        """Queue ``rid``; returns its predicted prefill end."""
+        start = self.busy_until_s if self.busy_until_s > now_s else now_s
+        end = start + predicted_s
+        self.busy_until_s = end
+        self._pred_end[rid] = end
+        self._pred_s[rid] = predicted_s
+        self._tokens[rid] = new_tokens
+        self.queued_tokens += new_tokens
+        return end
+
+    def finish(self, rid: RequestId, now_s: float) -> None:
+        """``rid``'s prefill ended at ``now_s``; shift the rest of the queue by the error."""
+        end = self._pred_end.pop(rid, None)
+        if end is None:
+            return
+        self._pred_s.pop(rid)
+        self.queued_tokens -= self._tokens.pop(rid)
+        if not self._pred_end:
+            self.busy_until_s = now_s
+        else:
+            self.busy_until_s += now_s - end
+
+    def drop(self, rid: RequestId) -> None:
+        """Forget ``rid`` without it having run (cancelled, failed over)."""
+        if rid in self._pred_end:
+            self._pred_end.pop(rid)
+            self.busy_until_s -= self._pred_s.pop(rid)
+            self.queued_tokens -= self._tokens.pop(rid)
+
+    def clear(self, now_s: float) -> None:
+        self._pred_end.clear()
+        self._pred_s.clear()
+        self._tokens.clear()
+        self.queued_tokens = 0
+        self.busy_until_s = now_s
+
+
+@dataclass(slots=True)
+class DecodeState:
+    context_tokens: int = 0
+    kv_reserved_tokens: int = 0
+    _ctx: dict[RequestId, int] = field(default_factory=dict)
+    _kv: dict[RequestId, int] = field(default_factory=dict)
+    _prompt: dict[RequestId, int] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self._ctx)
+
+    def admit(self, rid: RequestId, prompt_tokens: int, output_tokens: int) -> None:
+        self._ctx[rid] = prompt_tokens
+        self._prompt[rid] = prompt_tokens
+        self._kv[rid] = prompt_tokens + output_tokens
+        self.context_tokens += prompt_tokens
+        self.kv_reserved_tokens += prompt_tokens + output_tokens
+
+    def progress(self, rid: RequestId, generated_tokens: int) -> None:
+        old = self._ctx.get(rid)
+        if old is None:
+            return
+        new = self._prompt[rid] + generated_tokens
+        self._ctx[rid] = new
+        self.context_tokens += new - old
+
+    def release(self, rid: RequestId) -> None:
+        ctx = self._ctx.pop(rid, None)
+        if ctx is None:
+            return
+        self._prompt.pop(rid)
+        self.context_tokens -= ctx
+        self.kv_reserved_tokens -= self._kv.pop(rid)
+
+    def requests(self) -> list[RequestId]:
+        return list(self._ctx)
+
+
+@dataclass(slots=True)
+class InstanceState:
+    spec: InstanceSpec
+    prefill: PrefillState = field(default_factory=PrefillState)
+    decode: DecodeState = field(default_factory=DecodeState)
+    healthy: bool = True
+    draining: bool = False
+    # Load reported by the engine itself (gateway: /metrics), used to correct ours.
+    reported_waiting: int = 0
+    reported_running: int = 0
+    reported_kv_usage: float = 0.0
+
+    @property
+    def instance_id(self) -> InstanceId:
+        return self.spec.instance_id
+
+    @property
+    def schedulable(self) -> bool:
+        return self.healthy and not self.draining
