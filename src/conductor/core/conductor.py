@@ -134,8 +134,6 @@ class Conductor:
                 f = self._inflight.get(rid)
                 if f is not None:
                     f.prefill_done = True
-                    if f.decode is None:
-                        self._inflight.pop(rid)
             case RequestFinished(rid, inst, _):
                 self._state(inst).decode.release(rid)
                 self._inflight.pop(rid, None)
