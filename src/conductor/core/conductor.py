@@ -9,6 +9,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from conductor.core.admission import DecodeForecast
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel
 from conductor.core.errors import InvalidInput, UnknownInstance
@@ -65,6 +66,7 @@ class Conductor:
         self._rng = random.Random(self.config.seed)
         self._rr = 0
         self._pools: tuple[list[InstanceState], list[InstanceState]] | None = None
+        self.forecast = DecodeForecast()
 
     # -- membership ----------------------------------------------------------------------
     def add_instance(self, spec: InstanceSpec) -> None:
@@ -131,11 +133,13 @@ class Conductor:
                 self.remove_instance(holder)
             case PrefillFinished(rid, inst, now):
                 self._state(inst).prefill.finish(rid, now)
+                self.forecast.started(rid, now)
                 f = self._inflight.get(rid)
                 if f is not None:
                     f.prefill_done = True
             case RequestFinished(rid, inst, _):
                 self._state(inst).decode.release(rid)
+                self.forecast.remove(rid)
                 self._inflight.pop(rid, None)
             case DecodeProgress(rid, inst, generated, _):
                 self._state(inst).decode.progress(rid, generated)
@@ -148,6 +152,7 @@ class Conductor:
 
     def _forget(self, rid: RequestId) -> None:
         f = self._inflight.pop(rid, None)
+        self.forecast.remove(rid)
         if f is None:
             return
         p = self.instances.get(f.prefill)
@@ -225,6 +230,8 @@ class Conductor:
                 pre.ttft_s,
                 tbt_s,
             )
+        if mode == "predictive":
+            return self._admit_predictive(ctx, pre, tbt_s, decode_fits)
         if mode == "early" and not decode_fits:
             tbt_slo = req.tbt_slo_s or self.config.tbt_slo_s
             code, why = (
@@ -233,6 +240,45 @@ class Conductor:
                 else ("kv_capacity", "no decode instance has KV room")
             )
             return Rejection(req.request_id, code, why, pre.ttft_s, tbt_s)
+        return None
+
+    def _decode_duration_s(self, req: Request, tbt_s: float) -> float:
+        if self.config.predictive_level == "request":
+            return max(1, req.output_tokens - 1) * tbt_s
+        return self.config.decode_time_s
+
+    def _admit_predictive(
+        self, ctx: SchedulingContext, pre: PrefillChoice, tbt_s: float, decode_fits: bool
+    ) -> Rejection | None:
+        """Early Rejection based on Prediction (arXiv §7.4): the decode load predicted for the
+        moment this request's prefill ends, with requests finishing by then removed."""
+        req = ctx.request
+        if not decode_fits and tbt_s <= (req.tbt_slo_s or self.config.tbt_slo_s):
+            return Rejection(req.request_id, "kv_capacity", "no decode instance has KV room")
+        tbt_slo = req.tbt_slo_s or self.config.tbt_slo_s
+        t_star = ctx.now_s + pre.ttft_s
+        best: tuple[float, float, InstanceId] | None = None
+        for inst in ctx.decode_pool:
+            load, own = self.forecast.load_ratio(
+                t_star,
+                ctx.decode_pool,
+                self.cost,
+                tbt_slo,
+                (inst.spec.instance_id, req.prompt_tokens),
+            )
+            if best is None or own < best[1]:
+                best = (load, own, inst.spec.instance_id)
+        assert best is not None
+        load, own, _ = best
+        if load > 1.0 or own > tbt_slo:
+            return Rejection(
+                req.request_id,
+                "tbt_slo",
+                f"predicted decode load {load:.2f} (TBT {own * 1e3:.1f}ms at t+{pre.ttft_s:.1f}s)"
+                f" > SLO {tbt_slo * 1e3:.1f}ms",
+                pre.ttft_s,
+                own,
+            )
         return None
 
     def _commit(
@@ -255,6 +301,13 @@ class Conductor:
             migrations = (Migration(pre.fetch_source, pre.instance, hashes),)
         deferred = self.config.admission == "baseline"
         if not deferred:
+            self.forecast.add(
+                req.request_id,
+                decode,
+                ctx.now_s + pre.ttft_s,
+                self._decode_duration_s(req, tbt_s),
+                req.prompt_tokens,
+            )
             self.instances[decode].decode.admit(
                 req.request_id, req.prompt_tokens, req.output_tokens
             )
@@ -297,6 +350,9 @@ class Conductor:
             return Rejection(rid, code, f"decode check at prefill end: {code}", None, dec.tbt_s)
         req = f.request
         self.instances[dec.instance].decode.admit(rid, req.prompt_tokens, req.output_tokens)
+        self.forecast.add(
+            rid, dec.instance, now_s, self._decode_duration_s(req, dec.tbt_s), req.prompt_tokens
+        )
         f.decode = dec.instance
         return dec.instance
 

@@ -18,7 +18,8 @@ class SchedulerConfig:
     an infinite ratio). ``admission``: ``off`` never rejects; ``early`` rejects at arrival
     when predicted TTFT or TBT misses its SLO; ``baseline`` checks prefill load at arrival and
     decode load only when prefill ends; ``predictive`` predicts the decode load at the time
-    the request reaches decode (``decode_time_s`` is the uniform t_d of arXiv §7.4).
+    the request reaches decode (``decode_time_s`` is the uniform t_d of arXiv §7.4;
+    ``predictive_level="request"`` uses each request's expected output length instead).
     ``policy_params``: extra parameters passed to the policy by name.
     """
 
@@ -28,6 +29,7 @@ class SchedulerConfig:
     kvcache_balancing_threshold: float = 1.0
     admission: str = "off"
     decode_time_s: float = 20.0
+    predictive_level: str = "system"
     seed: int = 0
     policy_params: dict[str, float] = field(default_factory=dict)
 
@@ -44,5 +46,9 @@ class SchedulerConfig:
             )
         if self.admission not in ADMISSION_MODES:
             raise InvalidInput("admission", self.admission, f"must be one of {ADMISSION_MODES}")
+        if self.predictive_level not in ("system", "request"):
+            raise InvalidInput(
+                "predictive_level", self.predictive_level, "must be 'system' or 'request'"
+            )
         if self.decode_time_s <= 0:
             raise InvalidInput("decode_time_s", self.decode_time_s, "must be > 0")

@@ -1,0 +1,128 @@
+"""Tables, JSON and plots of simulation results (shell-side: files and terminals)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from conductor.sim.simulator import SimResult
+
+SUMMARY_KEYS = (
+    "policy",
+    "admission",
+    "requests",
+    "completed",
+    "rejected",
+    "rejected_after_prefill",
+    "ttft_s",
+    "tbt_ms",
+    "slo_attainment",
+    "goodput_rps",
+    "cache_hit_rate",
+    "prefill_compute_s",
+    "sim_wall_s",
+)
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False) + "\n"
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    Path(path).write_text(to_json(obj))
+
+
+def _f(v: object, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def table_rows(results: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    head = [
+        "policy",
+        "TTFT mean s",
+        "p50",
+        "p90",
+        "p99",
+        "TBT mean ms",
+        "p99",
+        "SLO att.",
+        "goodput r/s",
+        "rejected",
+        "hit rate",
+        "prefill s",
+    ]
+    rows = []
+    for s in results:
+        t, b = s["ttft_s"], s["tbt_ms"]
+        rej = str(s["rejected"])
+        if s["rejected_after_prefill"]:
+            rej += f" ({s['rejected_after_prefill']} late)"
+        rows.append(
+            [
+                str(s["policy"]),
+                _f(t["mean"], ".2f"),
+                _f(t["p50"], ".2f"),
+                _f(t["p90"], ".2f"),
+                _f(t["p99"], ".2f"),
+                _f(b["mean"], ".1f"),
+                _f(b["p99"], ".1f"),
+                _f(s["slo_attainment"], ".3f"),
+                _f(s["goodput_rps"], ".3f"),
+                rej,
+                _f(s["cache_hit_rate"], ".3f"),
+                _f(s["prefill_compute_s"], ".0f"),
+            ]
+        )
+    return head, rows
+
+
+def markdown_table(results: Sequence[dict[str, Any]]) -> str:
+    head, rows = table_rows(results)
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def plot_comparison(
+    results: Sequence[SimResult], path: str | Path, *, ttft_slo_s: float, tbt_slo_ms: float
+) -> None:
+    """TTFT CDF, TBT CDF and SLO-attainment bars per policy, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.8))
+    for res in results:
+        name = str(res.summary["policy"])
+        ttft = np.sort([r.ttft_s for r in res.records if r.completed and r.ttft_s is not None])
+        tbt = np.sort([r.tbt_s * 1e3 for r in res.records if r.completed and r.tbt_s is not None])
+        if ttft.size:
+            ax1.plot(ttft, np.arange(1, ttft.size + 1) / ttft.size, label=name)
+        if tbt.size:
+            ax2.plot(tbt, np.arange(1, tbt.size + 1) / tbt.size, label=name)
+    ax1.axvline(ttft_slo_s, color="grey", linestyle="--", linewidth=1)
+    ax1.set_xscale("symlog", linthresh=1.0)
+    ax1.set_xlabel("TTFT (s)")
+    ax1.set_ylabel("fraction of completed requests")
+    ax1.set_title("TTFT CDF (dashed: SLO)")
+    ax1.legend(fontsize=8)
+    ax2.axvline(tbt_slo_ms, color="grey", linestyle="--", linewidth=1)
+    ax2.set_xlabel("TBT, mean of longest 10% intervals (ms)")
+    ax2.set_title("TBT CDF (dashed: SLO)")
+    ax2.legend(fontsize=8)
+    names = [str(r.summary["policy"]) for r in results]
+    att = [float(r.summary["slo_attainment"]) for r in results]  # type: ignore[arg-type]
+    bars = ax3.bar(range(len(names)), att, color="tab:blue")
+    ax3.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax3.set_ylim(0, 1.05)
+    ax3.set_title("SLO attainment (rejections count as misses)")
+    for bar, a in zip(bars, att, strict=True):
+        ax3.text(bar.get_x() + bar.get_width() / 2, a + 0.01, f"{a:.3f}", ha="center", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
