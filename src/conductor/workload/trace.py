@@ -168,9 +168,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _int_field(
-    obj: dict[str, object], field: str, line_no: int, *, minimum: int, what: str
-) -> int:
+def _int_field(obj: dict[str, object], field: str, line_no: int, *, minimum: int, what: str) -> int:
     if field not in obj:
         raise TraceError(line_no, field, None, "missing")
     value = obj[field]
