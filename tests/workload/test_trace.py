@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import math
+import pickle
 import struct
 from pathlib import Path
 
@@ -277,6 +278,18 @@ def test_every_error_names_line_and_field(line: str, field: str, why: str) -> No
     assert (error.line_no, error.field, error.why) == (3, field, why)
     assert isinstance(error, InvalidInput)
     assert isinstance(error, ConductorError)
+
+
+def test_trace_error_survives_pickling() -> None:
+    error = TraceError(4, "output_length", -1, "must be a non-negative integer, got -1")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (str(copy), copy.line_no, copy.field, copy.value, copy.why) == (
+        "line 4: field 'output_length': must be a non-negative integer, got -1",
+        4,
+        "output_length",
+        -1,
+        "must be a non-negative integer, got -1",
+    )
 
 
 def test_invalid_utf8_is_a_record_error() -> None:

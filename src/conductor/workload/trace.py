@@ -117,6 +117,9 @@ class TraceError(InvalidInput):
     def __str__(self) -> str:
         return str(self.args[0])
 
+    def __reduce__(self) -> tuple[type[TraceError], tuple[int, str, object, str]]:
+        return (type(self), (self.line_no, self.field, self.value, self.why))
+
 
 class _MooncakeLine(msgspec.Struct):
     """Fast-path schema of a well-formed Mooncake line (any failure goes to the slow path)."""
@@ -278,7 +281,7 @@ def _read_bytes(path_or_file: PathOrFile) -> bytes:
     if isinstance(path_or_file, str | os.PathLike):
         path = Path(path_or_file)
         raw = path.read_bytes()
-        return gzip.decompress(raw) if path.suffix == ".gz" else raw
+        return gzip.decompress(raw) if path.suffix.lower() == ".gz" else raw
     content = path_or_file.read()
     data = content.encode("utf-8") if isinstance(content, str) else content
     return gzip.decompress(data) if data.startswith(_GZIP_MAGIC) else data
@@ -390,7 +393,7 @@ def _lines(records: Iterable[TraceRecord]) -> Iterator[str]:
 def write_trace(records: Iterable[TraceRecord], path: str | os.PathLike[str]) -> None:
     """Write ``records`` as Mooncake JSONL; gzip (reproducible: no name, mtime 0) for ``.gz``."""
     target = Path(path)
-    if target.suffix == ".gz":
+    if target.suffix.lower() == ".gz":
         with (
             target.open("wb") as raw,
             gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed,
