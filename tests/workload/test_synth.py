@@ -172,6 +172,8 @@ def test_parameters_are_used() -> None:
         ({"rate_rps": math.nan}, "rate_rps"),
         ({"rate_rps": math.inf}, "rate_rps"),
         ({"block_size_tokens": 0}, "block_size_tokens"),
+        ({"seed": 1.5}, "seed"),
+        ({"seed": "0"}, "seed"),
     ],
 )
 def test_bad_arguments_name_the_field(kwargs: dict[str, object], field: str) -> None:

@@ -436,7 +436,9 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _validate(kind: object, requests: object, rate_rps: object, block_size_tokens: object) -> None:
+def _validate(
+    kind: object, requests: object, rate_rps: object, seed: object, block_size_tokens: object
+) -> None:
     if kind not in KINDS:
         raise InvalidInput("kind", kind, f"must be one of {', '.join(KINDS)}")
     if not _positive_int(requests):
@@ -447,6 +449,8 @@ def _validate(kind: object, requests: object, rate_rps: object, block_size_token
         or not (math.isfinite(rate_rps) and rate_rps > 0)
     ):
         raise InvalidInput("rate_rps", rate_rps, "must be a finite number > 0")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidInput("seed", seed, "must be an integer")
     if not _positive_int(block_size_tokens):
         raise InvalidInput("block_size_tokens", block_size_tokens, "must be an integer > 0")
 
@@ -467,9 +471,9 @@ def synthesize(
 
     Deterministic in its arguments. Records are sorted by timestamp (ms, first at 0) with
     ``line_no`` = position + 1. Raises :class:`InvalidInput` for an unknown kind, a
-    non-positive ``requests``, ``rate_rps`` or ``block_size_tokens``.
+    non-positive ``requests``, ``rate_rps`` or ``block_size_tokens``, or a non-integer seed.
     """
-    _validate(kind, requests, rate_rps, block_size_tokens)
+    _validate(kind, requests, rate_rps, seed, block_size_tokens)
     rng = random.Random(seed)
     uids = itertools.count()
     shares = _shares(kind, mix or MixParams())
