@@ -1,0 +1,23 @@
+"""The ``conductor`` command: a root Typer app that the command groups attach to."""
+
+from __future__ import annotations
+
+import typer
+
+from conductor.cli.trace_cmd import trace_app
+
+app = typer.Typer(
+    name="conductor",
+    help="KVCache-centric global scheduler for P/D-disaggregated LLM serving.",
+    no_args_is_help=True,
+    add_completion=False,
+    # Plain Click messages (no Rich panels): stable, greppable errors on any terminal width.
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(trace_app, name="trace")
+
+
+def main() -> None:
+    """Entry point of the ``conductor`` console script."""
+    app()

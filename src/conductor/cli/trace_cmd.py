@@ -1,0 +1,156 @@
+"""``conductor trace ...``: synthesize workloads and summarize traces."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from conductor.core.errors import ConductorError
+from conductor.workload.analysis import infinite_cache_hits, lru_cache_hits, trace_stats
+from conductor.workload.synth import KINDS, synthesize
+from conductor.workload.trace import (
+    DEFAULT_BLOCK_SIZE_TOKENS,
+    bundled_trace_path,
+    read_trace,
+    write_trace,
+)
+
+__all__ = ["trace_app"]
+
+trace_app = typer.Typer(
+    help="Synthesize workloads and summarize Mooncake-format traces.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+
+
+# Values are checked by callbacks (not Click types) so every message names the value given:
+# "Invalid value for '--rate': must be a finite number > 0, got 0.0".
+
+
+def _known_kind(value: str) -> str:
+    if value not in KINDS:
+        raise typer.BadParameter(f"must be one of {', '.join(KINDS)}, got {value!r}")
+    return value
+
+
+def _positive_int(value: int) -> int:
+    if value <= 0:
+        raise typer.BadParameter(f"must be an integer > 0, got {value}")
+    return value
+
+
+def _non_negative_int(value: int) -> int:
+    if value < 0:
+        raise typer.BadParameter(f"must be an integer >= 0, got {value}")
+    return value
+
+
+def _positive_rate(value: float) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"must be a finite number > 0, got {value}")
+    return value
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code=1)
+
+
+def _tokens(value: float) -> str:
+    return str(int(value)) if value == int(value) else f"{value:.1f}"
+
+
+@trace_app.command()
+def synth(
+    kind: Annotated[
+        str, typer.Option(callback=_known_kind, metavar="|".join(KINDS), help="Workload kind.")
+    ],
+    out: Annotated[Path, typer.Option(help="Output file (Mooncake JSONL; gzip if .gz).")],
+    requests: Annotated[
+        int, typer.Option(callback=_positive_int, help="Number of requests.")
+    ] = 1000,
+    rate: Annotated[
+        float, typer.Option(callback=_positive_rate, help="Mean arrival rate, requests/s.")
+    ] = 2.0,
+    seed: Annotated[int, typer.Option(help="Random seed (same seed, same bytes).")] = 0,
+    block_size: Annotated[
+        int, typer.Option(callback=_positive_int, help="Tokens per hashed block.")
+    ] = DEFAULT_BLOCK_SIZE_TOKENS,
+) -> None:
+    """Write a synthetic workload and print a one-line summary."""
+    try:
+        records = synthesize(
+            kind,
+            requests=requests,
+            rate_rps=rate,
+            seed=seed,
+            block_size_tokens=block_size,
+        )
+        write_trace(records, out)
+    except ConductorError as exc:
+        raise _fail(str(exc)) from exc
+    except OSError as exc:
+        raise _fail(f"cannot write {out}: {exc}") from exc
+    stats = trace_stats(records)
+    hits = infinite_cache_hits(records, block_size_tokens=block_size)
+    typer.echo(
+        f"wrote {stats.requests} {kind} requests to {out}: "
+        f"mean input {stats.input_mean_tokens:.1f} tokens, "
+        f"mean output {stats.output_mean_tokens:.1f} tokens, "
+        f"infinite-cache prefix hit rate {hits.rate:.1%}"
+    )
+
+
+@trace_app.command()
+def stats(
+    path: Annotated[
+        Path | None,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            help="Trace file (JSONL, gzip if .gz); default: the bundled conversation trace.",
+        ),
+    ] = None,
+    lru_tokens: Annotated[
+        int, typer.Option(callback=_non_negative_int, help="Global LRU pool size, tokens.")
+    ] = 3_000_000,
+    block_size: Annotated[
+        int, typer.Option(callback=_positive_int, help="Tokens per hashed block.")
+    ] = DEFAULT_BLOCK_SIZE_TOKENS,
+    skip_invalid: Annotated[
+        bool, typer.Option(help="Skip invalid lines (and count them) instead of failing.")
+    ] = False,
+) -> None:
+    """Print a trace's size, rate, lengths, distinct blocks and prefix-cache hit rates."""
+    source = path if path is not None else bundled_trace_path()
+    try:
+        result = read_trace(source, skip_invalid=skip_invalid, block_size_tokens=block_size)
+        summary = trace_stats(result.records)
+    except ConductorError as exc:
+        raise _fail(f"{source}: {exc}") from exc
+    except OSError as exc:
+        raise _fail(f"cannot read {source}: {exc}") from exc
+    records = result.records
+    infinite = infinite_cache_hits(records, block_size_tokens=block_size)
+    lru = lru_cache_hits(records, capacity_tokens=lru_tokens, block_size_tokens=block_size)
+    rate = "n/a" if summary.mean_rate_rps is None else f"{summary.mean_rate_rps:.2f} req/s"
+    lines = [
+        f"trace: {source}",
+        f"requests: {summary.requests}",
+        f"skipped lines: {len(result.skipped)}" if skip_invalid else None,
+        f"time span: {summary.span_s:.1f} s",
+        f"mean rate: {rate}",
+        f"input tokens: mean {summary.input_mean_tokens:.1f}, "
+        f"median {_tokens(summary.input_median_tokens)}, max {summary.input_max_tokens}",
+        f"output tokens: mean {summary.output_mean_tokens:.1f}",
+        f"unique blocks: {summary.unique_blocks}",
+        f"infinite-cache hit rate: {infinite.rate:.1%}",
+        f"LRU hit rate at {lru_tokens} tokens ({lru_tokens // block_size} blocks): {lru.rate:.1%}",
+    ]
+    typer.echo("\n".join(line for line in lines if line is not None))

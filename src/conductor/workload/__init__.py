@@ -1,0 +1,1 @@
+"""Workloads: trace reading and writing, synthetic workload generation, trace analysis."""
