@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from conductor.cli import sim_cmd
 from conductor.cli.trace_cmd import trace_app
 
 app = typer.Typer(
@@ -16,6 +17,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(trace_app, name="trace")
+sim_cmd.register(app)
 
 
 def main() -> None:

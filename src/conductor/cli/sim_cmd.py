@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
 
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, PRESETS, preset
@@ -20,6 +19,7 @@ from conductor.sim.capacity import find_capacity
 from conductor.sim.config import SimConfig
 from conductor.sim.report import markdown_table, plot_comparison, table_rows, to_json, write_json
 from conductor.sim.simulator import Progress, SimResult, simulate
+from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
 
 PAPER_POLICIES = ("random", "least_loaded", "cache_aware_local", "mooncake")
 PEER_POLICIES = ("round_robin", "weighted", "dynamo", "sglang", "lmetric", "llmd", "preble")

@@ -17,6 +17,7 @@ class SimConfig:
     FAST §5.3.2; ``None`` means unbounded. ``kv_event_delay_s``: how late the scheduler sees
     KV events (stale state). ``prefill_noise``: relative std-dev of a seeded log-normal error
     between the cost model's prediction and the simulated execution (0 = exact).
+    ``load_sample_every_s``: sample prefill/decode load this often (0 = never).
     """
 
     policy: str = "mooncake"
@@ -28,6 +29,7 @@ class SimConfig:
     kv_event_delay_s: float = 0.0
     prefill_noise: float = 0.0
     seed: int = 0
+    load_sample_every_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.n_prefill <= 0:

@@ -97,6 +97,7 @@ class _Simulation:
         self.heap: list[tuple[float, int, int, object, object]] = []
         self.seq = 0
         self.rng = random.Random(cfg.seed)
+        self.load_samples: list[tuple[float, float, float]] = []
         cap_blocks = cfg.cache_capacity_blocks
         for i in range(cfg.n_prefill):
             iid = InstanceId(f"prefill-{i}")
@@ -135,8 +136,13 @@ class _Simulation:
         arrived = 0
         heap = self.heap
         pop = heapq.heappop
+        every = self.cfg.load_sample_every_s
+        next_sample = self.requests[0].arrival_s if (every > 0 and self.requests) else math.inf
         while heap:
             t, _, kind, a, b = pop(heap)
+            while t >= next_sample:
+                self.sample_load(next_sample)
+                next_sample += every
             if kind == DECODE_STEP:
                 self.on_step_end(t, a)  # type: ignore[arg-type]
             elif kind == ARRIVAL:
@@ -154,6 +160,17 @@ class _Simulation:
                 self.conductor.on_event(a)  # type: ignore[arg-type]
         if progress is not None:
             progress(n, n)
+
+    def sample_load(self, t: float) -> None:
+        """Prefill load = mean predicted queue / TTFT SLO; decode load = mean step time /
+        TBT SLO (arXiv §7.1 defines load against the SLOs)."""
+        sched = self.cfg.scheduler
+        p = self.conductor.instances
+        pre = sum(p[i].prefill.queue_s(t) for i in self.prefill) / len(self.prefill)
+        dec = sum(
+            self.cost.decode_step_s(n.batch, n.context_tokens) for n in self.decode.values()
+        ) / len(self.decode)
+        self.load_samples.append((t, pre / sched.ttft_slo_s, dec / sched.tbt_slo_s))
 
     # -- prefill side --------------------------------------------------------------------
     def on_arrival(self, t: float, i: int) -> None:
@@ -322,4 +339,4 @@ def simulate(
         ),
         "sim_wall_s": round(wall, 3),
     }
-    return SimResult(cfg, sim.records, summary, wall, duration)
+    return SimResult(cfg, sim.records, summary, wall, duration, sim.load_samples)
