@@ -7,11 +7,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from conductor.core.admission import DecodeForecast
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel
+from conductor.core.cpp import CppPlan, plan_cpp
 from conductor.core.errors import InvalidInput, UnknownInstance
 from conductor.core.events import (
     AllBlocksCleared,
@@ -36,6 +37,7 @@ class _InFlight:
     request: Request
     prefill: InstanceId
     decode: InstanceId | None
+    cpp_nodes: tuple[InstanceId, ...] = ()
     prefill_done: bool = False
 
 
@@ -91,7 +93,7 @@ class Conductor:
         lost = [
             rid
             for rid, f in self._inflight.items()
-            if f.prefill == instance or f.decode == instance
+            if f.prefill == instance or f.decode == instance or instance in f.cpp_nodes
         ]
         for rid in lost:
             self._forget(rid)
@@ -155,9 +157,10 @@ class Conductor:
         self.forecast.remove(rid)
         if f is None:
             return
-        p = self.instances.get(f.prefill)
-        if p is not None and not f.prefill_done:
-            p.prefill.drop(rid)
+        for node in f.cpp_nodes or (f.prefill,):
+            p = self.instances.get(node)
+            if p is not None and not f.prefill_done:
+                p.prefill.drop(rid)
         if f.decode is not None:
             d = self.instances.get(f.decode)
             if d is not None:
@@ -208,11 +211,32 @@ class Conductor:
             return Rejection(request.request_id, "no_instance", "no schedulable instance")
         self._rr += 1
         pre = self.policy.choose_prefill(ctx)
+        cpp = self._maybe_cpp(ctx, pre) if self.config.cpp_enabled else None
+        if cpp is not None:
+            pre = replace(pre, queue_s=cpp.queue_s, prefill_s=cpp.prefill_s)
         dec = self.decode_policy.choose_decode(ctx, pre)
         rejection = self._admit(ctx, pre, dec.tbt_s, dec.fits)
         if rejection is not None:
             return rejection
-        return self._commit(ctx, pre, dec.instance, dec.tbt_s)
+        return self._commit(ctx, pre, dec.instance, dec.tbt_s, cpp)
+
+    def _maybe_cpp(self, ctx: SchedulingContext, pre: PrefillChoice) -> CppPlan | None:
+        slo = ctx.request.ttft_slo_s or self.config.ttft_slo_s
+        if pre.ttft_s <= self.config.cpp_trigger_fraction * slo:
+            return None
+        cpp = plan_cpp(
+            self.cost,
+            self.instances[pre.instance],
+            ctx.prefill_pool,
+            prompt_tokens=ctx.request.prompt_tokens,
+            cached_tokens=pre.cached_tokens,
+            now_s=ctx.now_s,
+            prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+            max_nodes=self.config.cpp_max_nodes,
+        )
+        if cpp is None or cpp.queue_s + cpp.prefill_s >= pre.queue_s + pre.prefill_s:
+            return None
+        return cpp
 
     def _admit(
         self, ctx: SchedulingContext, pre: PrefillChoice, tbt_s: float, decode_fits: bool
@@ -282,14 +306,19 @@ class Conductor:
         return None
 
     def _commit(
-        self, ctx: SchedulingContext, pre: PrefillChoice, decode: InstanceId, tbt_s: float
+        self,
+        ctx: SchedulingContext,
+        pre: PrefillChoice,
+        decode: InstanceId,
+        tbt_s: float,
+        cpp: CppPlan | None = None,
     ) -> Plan:
         req = ctx.request
-        p_state = self.instances[pre.instance]
         new_tokens = req.prompt_tokens - pre.cached_tokens
-        p_state.prefill.assign(
-            req.request_id, pre.prefill_s + pre.transfer_s, new_tokens, ctx.now_s
-        )
+        for node in cpp.nodes if cpp is not None else (pre.instance,):
+            self.instances[node].prefill.assign(
+                req.request_id, pre.prefill_s + pre.transfer_s, new_tokens, ctx.now_s
+            )
         fetch: Fetch | None = None
         migrations: tuple[Migration, ...] = ()
         if pre.fetch_source is not None and pre.fetch_tokens > 0:
@@ -311,7 +340,9 @@ class Conductor:
             self.instances[decode].decode.admit(
                 req.request_id, req.prompt_tokens, req.output_tokens
             )
-        self._inflight[req.request_id] = _InFlight(req, pre.instance, None if deferred else decode)
+        self._inflight[req.request_id] = _InFlight(
+            req, pre.instance, None if deferred else decode, cpp.nodes if cpp else ()
+        )
         return Plan(
             request_id=req.request_id,
             prefill=pre.instance,
@@ -325,6 +356,7 @@ class Conductor:
             prefill_s=pre.prefill_s,
             predicted_tbt_s=tbt_s,
             migrations=migrations,
+            cpp=cpp,
         )
 
     def confirm_decode(self, rid: RequestId, now_s: float) -> InstanceId | Rejection:

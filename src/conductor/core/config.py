@@ -20,6 +20,9 @@ class SchedulerConfig:
     decode load only when prefill ends; ``predictive`` predicts the decode load at the time
     the request reaches decode (``decode_time_s`` is the uniform t_d of arXiv §7.4;
     ``predictive_level="request"`` uses each request's expected output length instead).
+    ``cpp_enabled``: plan chunked pipeline parallel prefill over up to ``cpp_max_nodes``
+    nodes (chunks of at most ``prefill_chunk_tokens``) when the best single-node TTFT exceeds
+    ``cpp_trigger_fraction`` x the TTFT SLO and CPP predicts a lower TTFT.
     ``policy_params``: extra parameters passed to the policy by name.
     """
 
@@ -30,6 +33,10 @@ class SchedulerConfig:
     admission: str = "off"
     decode_time_s: float = 20.0
     predictive_level: str = "system"
+    cpp_enabled: bool = False
+    prefill_chunk_tokens: int = 8192
+    cpp_max_nodes: int = 4
+    cpp_trigger_fraction: float = 1.0
     seed: int = 0
     policy_params: dict[str, float] = field(default_factory=dict)
 
@@ -50,5 +57,9 @@ class SchedulerConfig:
             raise InvalidInput(
                 "predictive_level", self.predictive_level, "must be 'system' or 'request'"
             )
+        if self.prefill_chunk_tokens <= 0:
+            raise InvalidInput("prefill_chunk_tokens", self.prefill_chunk_tokens, "must be > 0")
+        if self.cpp_max_nodes < 2:
+            raise InvalidInput("cpp_max_nodes", self.cpp_max_nodes, "must be >= 2")
         if self.decode_time_s <= 0:
             raise InvalidInput("decode_time_s", self.decode_time_s, "must be > 0")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conductor.core.cpp import CppPlan
 from conductor.core.types import BlockHash, InstanceId, RequestId
 
 
@@ -40,6 +41,8 @@ class Plan:
     prefill_s: float
     predicted_tbt_s: float
     migrations: tuple[Migration, ...] = ()
+    cpp: CppPlan | None = None
+    """Chunked pipeline parallel prefill over ``cpp.nodes`` (``prefill`` is the lead)."""
 
     @property
     def cached_tokens(self) -> int:
