@@ -8,6 +8,7 @@ import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import cast
 
 from conductor.core.admission import DecodeForecast
 from conductor.core.config import SchedulerConfig
@@ -61,6 +62,8 @@ class Conductor:
         self.config = config or SchedulerConfig()
         self.policy_name = policy
         self.policy = make_policy(policy)
+        if decode_policy is None and hasattr(self.policy, "choose_decode"):
+            decode_policy = cast(DecodePolicy, self.policy)  # the policy brings its own
         self.decode_policy: DecodePolicy = decode_policy or LeastTbtDecode()
         self.index = PrefixIndex()
         self.instances: dict[InstanceId, InstanceState] = {}

@@ -2,10 +2,15 @@
 
 from conductor.core.policies import (  # noqa: F401  (imports register the policies)
     cache_aware_local,
+    dynamo,
     least_loaded,
+    llmd,
+    lmetric,
     mooncake,
+    preble,
     random_policy,
     round_robin,
+    sglang,
     weighted,
 )
 from conductor.core.policies.base import (

@@ -3,7 +3,8 @@ candidate types policies return.
 
 A prefill policy looks at a :class:`SchedulingContext` (request, prefix match, cluster state,
 cost model) and returns a :class:`PrefillChoice`. Decode placement is a second, smaller
-protocol; most policies use :func:`conductor.core.policies.decode.least_tbt`.
+protocol; most policies use :func:`conductor.core.policies.decode.least_tbt`, and a
+prefill policy may bring its own (see :class:`PrefillPolicy`).
 """
 
 from __future__ import annotations
@@ -117,6 +118,12 @@ class SchedulingContext:
 
 
 class PrefillPolicy(Protocol):
+    """Chooses the prefill instance. A policy object that also has a ``choose_decode``
+    method (the :class:`DecodePolicy` signature) brings its own decode placement:
+    :class:`~conductor.core.conductor.Conductor` uses it unless a decode policy is passed
+    explicitly; otherwise decode placement is :func:`~conductor.core.policies.decode.least_tbt`.
+    """
+
     name: ClassVar[str]
 
     def choose_prefill(self, ctx: SchedulingContext) -> PrefillChoice: ...
