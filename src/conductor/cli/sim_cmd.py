@@ -13,7 +13,7 @@ import typer
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, PRESETS, preset
 from conductor.core.errors import ConductorError
-from conductor.core.policies import policy_names
+from conductor.core.policies import policy_config_defaults, policy_names
 from conductor.core.types import Request
 from conductor.sim.capacity import find_capacity
 from conductor.sim.config import SimConfig
@@ -51,7 +51,14 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="random seed")]
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="write results as JSON here")]
 AdmissionOpt = Annotated[
     str | None,
-    typer.Option("--admission", help="off|baseline|early|predictive (default: off)"),
+    typer.Option(
+        "--admission",
+        help="off|baseline|early|predictive (default: the policy's own; off for baselines)",
+    ),
+]
+CppOpt = Annotated[
+    bool | None,
+    typer.Option("--cpp/--no-cpp", help="chunked pipeline parallel prefill (default: policy's)"),
 ]
 SkipOpt = Annotated[
     bool, typer.Option("--skip-invalid", help="skip malformed trace lines and count them")
@@ -111,11 +118,14 @@ def build_config(
     ttft_slo_s: float,
     tbt_slo_ms: float,
     seed: int,
-    admission: str,
+    admission: str | None,
     cache_tokens: int | None,
     unbounded: bool,
     kv_event_delay_s: float,
+    cpp: bool | None = None,
 ) -> SimConfig:
+    """The simulated cluster; settings left as None take the policy's own defaults
+    (``conductor`` brings admission and CPP), then the global ones."""
     try:
         cost = preset(preset_name)
     except ConductorError as exc:
@@ -123,9 +133,14 @@ def build_config(
     for value, hint in ((prefill, "--prefill"), (decode, "--decode")):
         if value <= 0:
             raise typer.BadParameter(f"must be >= 1, got {value}", param_hint=hint)
+    defaults = policy_config_defaults(policy)
     try:
         sched = SchedulerConfig(
-            ttft_slo_s=ttft_slo_s, tbt_slo_s=tbt_slo_ms / 1e3, admission=admission, seed=seed
+            ttft_slo_s=ttft_slo_s,
+            tbt_slo_s=tbt_slo_ms / 1e3,
+            admission=admission or str(defaults.get("admission", "off")),
+            cpp_enabled=bool(defaults.get("cpp_enabled", False)) if cpp is None else cpp,
+            seed=seed,
         )
         return SimConfig(
             policy=policy,
@@ -188,6 +203,7 @@ def register(app: typer.Typer) -> None:
         seed: SeedOpt = 0,
         json_path: JsonOpt = None,
         admission: AdmissionOpt = None,
+        cpp: CppOpt = None,
         skip_invalid: SkipOpt = False,
         cache_tokens: CacheOpt = None,
         unbounded_cache: UnboundedOpt = False,
@@ -205,7 +221,8 @@ def register(app: typer.Typer) -> None:
             ttft_slo_s=ttft_slo_s,
             tbt_slo_ms=tbt_slo_ms,
             seed=seed,
-            admission=admission or "off",
+            admission=admission,
+            cpp=cpp,
             cache_tokens=cache_tokens,
             unbounded=unbounded_cache,
             kv_event_delay_s=kv_event_delay_s,
@@ -235,6 +252,7 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option("--markdown", help="write the table as Markdown here")
         ] = None,
         admission: AdmissionOpt = None,
+        cpp: CppOpt = None,
         skip_invalid: SkipOpt = False,
         cache_tokens: CacheOpt = None,
         unbounded_cache: UnboundedOpt = False,
@@ -261,7 +279,8 @@ def register(app: typer.Typer) -> None:
                 ttft_slo_s=ttft_slo_s,
                 tbt_slo_ms=tbt_slo_ms,
                 seed=seed,
-                admission=admission or "off",
+                admission=admission,
+                cpp=cpp,
                 cache_tokens=cache_tokens,
                 unbounded=unbounded_cache,
                 kv_event_delay_s=kv_event_delay_s,
@@ -295,6 +314,7 @@ def register(app: typer.Typer) -> None:
         seed: SeedOpt = 0,
         json_path: JsonOpt = None,
         admission: AdmissionOpt = None,
+        cpp: CppOpt = None,
         skip_invalid: SkipOpt = False,
         bisect_steps: Annotated[int, typer.Option("--bisect-steps")] = 4,
     ) -> None:
@@ -329,7 +349,8 @@ def register(app: typer.Typer) -> None:
                     ttft_slo_s=ttft_slo_s,
                     tbt_slo_ms=tbt,
                     seed=seed,
-                    admission=admission or "off",
+                    admission=admission,
+                    cpp=cpp,
                     cache_tokens=None,
                     unbounded=False,
                     kv_event_delay_s=0.0,

@@ -225,7 +225,9 @@ class Conductor:
 
     def _maybe_cpp(self, ctx: SchedulingContext, pre: PrefillChoice) -> CppPlan | None:
         slo = ctx.request.ttft_slo_s or self.config.ttft_slo_s
-        if pre.ttft_s <= self.config.cpp_trigger_fraction * slo:
+        # the prompt itself, not the queue, must be what misses the SLO: CPP spends more
+        # node-time than one node would, so it must not be a cure for overload
+        if pre.prefill_s + pre.transfer_s <= self.config.cpp_trigger_fraction * slo:
             return None
         cpp = plan_cpp(
             self.cost,
@@ -236,6 +238,7 @@ class Conductor:
             now_s=ctx.now_s,
             prefill_chunk_tokens=self.config.prefill_chunk_tokens,
             max_nodes=self.config.cpp_max_nodes,
+            max_helper_queue_s=self.config.cpp_helper_queue_fraction * slo,
         )
         if cpp is None or cpp.queue_s + cpp.prefill_s >= pre.queue_s + pre.prefill_s:
             return None

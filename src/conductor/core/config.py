@@ -21,8 +21,11 @@ class SchedulerConfig:
     the request reaches decode (``decode_time_s`` is the uniform t_d of arXiv §7.4;
     ``predictive_level="request"`` uses each request's expected output length instead).
     ``cpp_enabled``: plan chunked pipeline parallel prefill over up to ``cpp_max_nodes``
-    nodes (chunks of at most ``prefill_chunk_tokens``) when the best single-node TTFT exceeds
-    ``cpp_trigger_fraction`` x the TTFT SLO and CPP predicts a lower TTFT.
+    nodes (chunks of at most ``prefill_chunk_tokens``) when the best single-node prefill (its
+    transfer included, its queue not) exceeds ``cpp_trigger_fraction`` x the TTFT SLO — half
+    the budget left for queueing — and CPP predicts a lower TTFT. Helpers must have at most
+    ``cpp_helper_queue_fraction`` x the SLO queued (nearly idle): CPP's pipeline bubbles cost
+    node-time that a busy cluster cannot spare.
     ``policy_params``: extra parameters passed to the policy by name.
     """
 
@@ -36,7 +39,8 @@ class SchedulerConfig:
     cpp_enabled: bool = False
     prefill_chunk_tokens: int = 8192
     cpp_max_nodes: int = 4
-    cpp_trigger_fraction: float = 1.0
+    cpp_trigger_fraction: float = 0.5
+    cpp_helper_queue_fraction: float = 0.1
     seed: int = 0
     policy_params: dict[str, float] = field(default_factory=dict)
 

@@ -89,12 +89,18 @@ def plan_cpp(
     now_s: float,
     prefill_chunk_tokens: int,
     max_nodes: int,
+    max_helper_queue_s: float = float("inf"),
     cross_rack_factor: float = 0.5,
 ) -> CppPlan | None:
     """The CPP plan with the smallest predicted queue + prefill time over group sizes
-    2..``max_nodes``, or None when the pool is too small or the prompt fits one chunk."""
+    2..``max_nodes``, or None when the pool is too small or the prompt fits one chunk.
+
+    Only nodes whose queue is at most ``max_helper_queue_s`` may join as helpers: a CPP
+    group spends more node-time than one node would (pipeline bubbles), which is worth it
+    on idle nodes and harmful on busy ones, where it delays everything queued behind."""
     new = prompt_tokens - min(cached_tokens, prompt_tokens - 1)
     chunks = split_chunks(new, prefill_chunk_tokens)
+    pool = [i for i in pool if i is lead or i.prefill.queue_s(now_s) <= max_helper_queue_s]
     if len(chunks) < 2 or len(pool) < 2:
         return None
     best: CppPlan | None = None

@@ -3,12 +3,13 @@
 Prefill (FCFS): ``busy_until_s`` is the predicted time at which the instance has drained
 everything assigned to it, so ``queue_s(now) = max(0, busy_until_s - now)`` is "the prefill
 times of all queued requests" (FAST §4.1) including what is left of the running one. When a
-prefill ends earlier or later than predicted, the rest of the queue shifts by the error.
+prefill ends, the rest of the queue is re-anchored at that moment (FCFS: the next one starts
+now), so a prediction error moves the queue once and never accumulates.
 
 Decode: the running batch (requests, context tokens) and the KV tokens reserved for them
 (prompt + expected output), so admission can check both TBT and KV room.
 
-Invariants: ``queued_requests == len(_pred_end)``; ``batch_size == len(_ctx)``;
+Invariants: ``queued_requests == len(_pred_s)``; ``_sum_pred_s == sum(_pred_s.values())``; ``batch_size == len(_ctx)``;
 ``context_tokens == sum(_ctx.values())``; ``kv_reserved_tokens == sum(_kv.values())``.
 """
 
@@ -35,14 +36,14 @@ class InstanceSpec:
 @dataclass(slots=True)
 class PrefillState:
     busy_until_s: float = 0.0
-    _pred_end: dict[RequestId, float] = field(default_factory=dict)
-    _pred_s: dict[RequestId, float] = field(default_factory=dict)
     queued_tokens: int = 0
+    _pred_s: dict[RequestId, float] = field(default_factory=dict)
     _tokens: dict[RequestId, int] = field(default_factory=dict)
+    _sum_pred_s: float = 0.0
 
     @property
     def queued_requests(self) -> int:
-        return len(self._pred_end)
+        return len(self._pred_s)
 
     def queue_s(self, now_s: float) -> float:
         q = self.busy_until_s - now_s
@@ -53,35 +54,40 @@ class PrefillState:
         start = self.busy_until_s if self.busy_until_s > now_s else now_s
         end = start + predicted_s
         self.busy_until_s = end
-        self._pred_end[rid] = end
         self._pred_s[rid] = predicted_s
+        self._sum_pred_s += predicted_s
         self._tokens[rid] = new_tokens
         self.queued_tokens += new_tokens
         return end
 
     def finish(self, rid: RequestId, now_s: float) -> None:
-        """``rid``'s prefill ended at ``now_s``; shift the rest of the queue by the error."""
-        end = self._pred_end.pop(rid, None)
-        if end is None:
+        """``rid``'s prefill ended at ``now_s``: FCFS, so what is left starts now and the
+        instance is busy for the predicted time of the rest (prediction errors of finished
+        requests do not accumulate)."""
+        pred = self._pred_s.pop(rid, None)
+        if pred is None:
             return
-        self._pred_s.pop(rid)
         self.queued_tokens -= self._tokens.pop(rid)
-        if not self._pred_end:
-            self.busy_until_s = now_s
+        if self._pred_s:
+            self._sum_pred_s -= pred
+            self.busy_until_s = now_s + self._sum_pred_s
         else:
-            self.busy_until_s += now_s - end
+            self._sum_pred_s = 0.0
+            self.busy_until_s = now_s
 
     def drop(self, rid: RequestId) -> None:
         """Forget ``rid`` without it having run (cancelled, failed over)."""
-        if rid in self._pred_end:
-            self._pred_end.pop(rid)
-            self.busy_until_s -= self._pred_s.pop(rid)
-            self.queued_tokens -= self._tokens.pop(rid)
+        pred = self._pred_s.pop(rid, None)
+        if pred is None:
+            return
+        self._sum_pred_s -= pred
+        self.busy_until_s -= pred
+        self.queued_tokens -= self._tokens.pop(rid)
 
     def clear(self, now_s: float) -> None:
-        self._pred_end.clear()
         self._pred_s.clear()
         self._tokens.clear()
+        self._sum_pred_s = 0.0
         self.queued_tokens = 0
         self.busy_until_s = now_s
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from conductor.core.conductor import Conductor
+from conductor.core.cpp import pipelined_prefill_s
 from conductor.core.events import (
     BlocksRemoved,
     BlocksStored,
@@ -39,12 +40,20 @@ Progress = Callable[[int, int], None]
 
 
 @dataclass(slots=True)
+class _CppGroup:
+    remaining: int
+    compute_s: float
+
+
+@dataclass(slots=True)
 class _Job:
     index: int
     request: Request
     plan: Plan
     fetch_pending: bool = False
     compute_s: float = 0.0
+    group: _CppGroup | None = None
+    helper: bool = False  # a CPP stage on a node other than the lead
 
 
 @dataclass(slots=True)
@@ -200,7 +209,28 @@ class _Simulation:
                 job.fetch_pending = True
                 self.push(end, FETCH_DONE, job, fetched)
         node.queue.append(job)
+        if plan.cpp is not None:
+            self.add_cpp_stages(t, job, plan)
         self.try_start(t, node)
+
+    def add_cpp_stages(self, t: float, job: _Job, plan: Plan) -> None:
+        """CPP: every node of the group runs a stage for the whole pipelined time; the
+        prefill ends when the last stage ends (see ``conductor.core.cpp``)."""
+        assert plan.cpp is not None
+        req = job.request
+        nodes = plan.cpp.nodes
+        bw = self.cost.transfer_bytes_per_s
+        compute = pipelined_prefill_s(
+            self.cost, req.prompt_tokens, plan.cached_tokens, plan.cpp.chunk_tokens, len(nodes), bw
+        )
+        job.group = _CppGroup(len(nodes), compute)
+        self.records[job.index].cpp_nodes = len(nodes)
+        for iid in nodes:
+            if iid == plan.prefill:
+                continue
+            helper = _Job(job.index, req, plan, group=job.group, helper=True)
+            self.prefill[iid].queue.append(helper)
+            self.try_start(t, self.prefill[iid])
 
     def on_fetch_done(self, t: float, job: _Job, fetched: tuple[BlockHash, ...]) -> None:
         node = self.prefill[job.plan.prefill]
@@ -214,6 +244,13 @@ class _Simulation:
         job = node.queue.popleft()
         req = job.request
         rec = self.records[job.index]
+        if job.helper:
+            assert job.group is not None
+            job.compute_s = job.group.compute_s
+            rec.prefill_compute_s += job.compute_s
+            node.busy = True
+            self.push(t + job.compute_s, PREFILL_DONE, node, job)
+            return
         depth = node.cache.prefix_blocks(req.block_hashes)
         cached = min(depth * self.block, req.prompt_tokens - 1)
         fetched = 0
@@ -221,12 +258,15 @@ class _Simulation:
             fetched = max(0, min(cached - job.plan.local_tokens, job.plan.fetch.tokens))
         rec.local_tokens = cached - fetched
         rec.fetched_tokens = fetched
-        compute = self.cost.prefill_s(req.prompt_tokens, cached)
-        if self.cfg.prefill_noise > 0:
-            compute *= math.exp(self.rng.gauss(0.0, self.cfg.prefill_noise))
+        if job.group is not None:
+            compute = job.group.compute_s
+        else:
+            compute = self.cost.prefill_s(req.prompt_tokens, cached)
+            if self.cfg.prefill_noise > 0:
+                compute *= math.exp(self.rng.gauss(0.0, self.cfg.prefill_noise))
         job.compute_s = compute
         rec.prefill_start_s = t
-        rec.prefill_compute_s = compute
+        rec.prefill_compute_s += compute
         node.busy = True
         self.push(t + compute, PREFILL_DONE, node, job)
 
@@ -234,23 +274,34 @@ class _Simulation:
         node.busy = False
         req = job.request
         rec = self.records[job.index]
-        rec.prefill_end_s = t
-        self.store_blocks(t, node, req.block_hashes)
         self.conductor.on_event(PrefillFinished(req.request_id, node.iid, t))
+        lead = self.prefill[job.plan.prefill]  # with CPP, the lead keeps the KV blocks
+        if job.group is not None:
+            job.group.remaining -= 1
+            if job.group.remaining > 0:
+                self.try_start(t, node)
+                return
+        rec.prefill_end_s = t
+        self.store_blocks(t, lead, req.block_hashes)
         decode_iid = job.plan.decode
+        rejected = False
         if self.cfg.scheduler.admission == "baseline":
             d = self.conductor.confirm_decode(req.request_id, t)
             if isinstance(d, Rejection):
                 rec.rejected = d.code
                 rec.rejected_after_prefill = True
-                self.try_start(t, node)
-                return
-            decode_iid = d
-        rec.decode = decode_iid
-        xfer = self.cost.transfer_s(req.prompt_tokens)
-        tail = xfer - job.compute_s
-        self.push(t + (tail if tail > 0 else 0.0), DECODE_JOIN, self.decode[decode_iid], job.index)
+                rejected = True
+            else:
+                decode_iid = d
+        if not rejected:
+            rec.decode = decode_iid
+            xfer = self.cost.transfer_s(req.prompt_tokens)
+            tail = xfer - job.compute_s
+            join = t + (tail if tail > 0 else 0.0)
+            self.push(join, DECODE_JOIN, self.decode[decode_iid], job.index)
         self.try_start(t, node)
+        if node is not lead:
+            self.try_start(t, lead)
 
     # -- decode side ---------------------------------------------------------------------
     def on_decode_join(self, t: float, node: _DecodeNode, i: int) -> None:

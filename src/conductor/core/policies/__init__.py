@@ -2,6 +2,7 @@
 
 from conductor.core.policies import (  # noqa: F401  (imports register the policies)
     cache_aware_local,
+    conductor_policy,
     dynamo,
     least_loaded,
     llmd,
@@ -20,7 +21,12 @@ from conductor.core.policies.base import (
     PrefillPolicy,
     SchedulingContext,
 )
-from conductor.core.policies.registry import make_policy, policy_names, register
+from conductor.core.policies.registry import (
+    make_policy,
+    policy_config_defaults,
+    policy_names,
+    register,
+)
 
 __all__ = [
     "DecodeChoice",
@@ -29,6 +35,7 @@ __all__ = [
     "PrefillPolicy",
     "SchedulingContext",
     "make_policy",
+    "policy_config_defaults",
     "policy_names",
     "register",
 ]

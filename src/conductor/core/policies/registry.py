@@ -32,3 +32,12 @@ def make_policy(name: str) -> PrefillPolicy:
 
 def policy_names() -> list[str]:
     return list(_REGISTRY)
+
+
+def policy_config_defaults(name: str) -> dict[str, object]:
+    """Scheduler settings a policy brings with it (e.g. ``conductor``'s admission), applied
+    by the shells to whatever the user did not set explicitly."""
+    if name not in _REGISTRY:
+        raise UnknownPolicy(name, list(_REGISTRY))
+    defaults: dict[str, object] = getattr(_REGISTRY[name], "config_defaults", {})
+    return dict(defaults)
