@@ -20,6 +20,7 @@ from conductor.gateway.wire.vllm_events import (
     EngineBlockRemoved,
     EngineBlockStored,
     EngineEventBatch,
+    EngineUnknownEvent,
 )
 from tests.gateway.hashing_standin import chain, hash_block
 
@@ -173,6 +174,11 @@ def test_all_blocks_cleared_clears_the_map(mapper: EngineHashMapper) -> None:
     )
     assert len(mapper) == 0
     assert mapper.translate(removed([1])) is None
+
+
+def test_unknown_event_types_are_counted_and_skipped(mapper: EngineHashMapper) -> None:
+    assert mapper.translate(EngineUnknownEvent("BlockReused")) is None
+    assert mapper.stats == MapperStats(unknown_type=1)
 
 
 def test_translate_all_keeps_order_and_drops_skipped(mapper: EngineHashMapper) -> None:

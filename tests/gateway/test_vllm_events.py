@@ -12,6 +12,7 @@ from conductor.gateway.wire.vllm_events import (
     EngineBlockRemoved,
     EngineBlockStored,
     EngineEventBatch,
+    EngineUnknownEvent,
     WireError,
     decode_event,
     decode_frames,
@@ -164,6 +165,14 @@ def test_map_event_ignores_unknown_keys_and_missing_optionals() -> None:
     assert decode_event(event) == EngineBlockRemoved(engine_hashes=(H(2**64 - 1),), medium="GPU")
 
 
+def test_unknown_event_types_decode_to_a_placeholder() -> None:
+    body = msgpack.packb([1.0, [{"type": "BlockReused", "block_hashes": [1]}, ["Future", 1]], 0])
+    assert decode_payload(body)[1] == (
+        EngineUnknownEvent("BlockReused"),
+        EngineUnknownEvent("Future"),
+    )
+
+
 def test_bytes_hashes_become_low_64_bits_big_endian() -> None:
     digest = bytes(range(32))  # 00 01 .. 1f: low 8 bytes are 18 19 1a 1b 1c 1d 1e 1f
     assert decode_hash(digest) == 0x18191A1B1C1D1E1F
@@ -202,9 +211,10 @@ def test_seq_is_8_byte_big_endian_signed() -> None:
         ([b"kv", b"\x00" * 8, msgpack.packb([1.0, [], "r"])], "data_parallel_rank must be"),
         ([b"kv", b"\x00" * 8, msgpack.packb([1.0, [7], 0])], "event 0 is neither a map"),
         (
-            [b"kv", b"\x00" * 8, msgpack.packb([1.0, [{"type": "Nope"}], 0])],
-            "event 0 has unknown type 'Nope'",
+            [b"kv", b"\x00" * 8, msgpack.packb([1.0, [{"kind": "BlockStored"}], 0])],
+            "event 0 has no valid type tag",
         ),
+        ([b"kv", b"\x00" * 8, msgpack.packb([1.0, [[3, 4]], 0])], "event 0 has no valid type tag"),
     ],
 )
 def test_malformed_frames_raise_wire_error_naming_the_problem(

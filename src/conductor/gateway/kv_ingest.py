@@ -24,6 +24,7 @@ from conductor.gateway.wire.vllm_events import (
     EngineBlockStored,
     EngineEvent,
     EngineEventBatch,
+    EngineUnknownEvent,
 )
 
 HashFn = Callable[[BlockHash | None, Sequence[int], tuple[object, ...]], BlockHash]
@@ -56,6 +57,8 @@ class MapperStats:
     """Events of a KV-cache group other than the tracked one (hybrid models): skipped."""
     unknown_removed: int = 0
     """Block hashes in BlockRemoved that were not mapped (counts hashes)."""
+    unknown_type: int = 0
+    """Events of a type the decoder does not know (newer engines): skipped."""
 
 
 class EngineHashMapper:
@@ -110,6 +113,9 @@ class EngineHashMapper:
         if isinstance(event, EngineAllBlocksCleared):
             self.clear()
             return AllBlocksCleared(holder=self.holder, tier=None, seq=seq)
+        if isinstance(event, EngineUnknownEvent):
+            self.stats.unknown_type += 1
+            return None
         raise TypeError(f"not an engine event: {event!r}")
 
     def translate_all(self, events: Sequence[EngineEvent], seq: int | None = None) -> list[KvEvent]:

@@ -16,10 +16,12 @@ Positional field orders (the tag first, then):
 - ``AllBlocksCleared``: nothing
 
 Decoding is defensive: fields are read by name where present, missing optional fields take
-their defaults, unknown extra fields are ignored. Block hashes arrive as ints (the low 64 bits
-of vLLM's digest, the default) or raw bytes (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``); both
-become an :data:`EngineBlockHash` (bytes: low 64 bits, big-endian). Anything structurally
-wrong raises :class:`WireError` naming the offending field.
+their defaults, unknown extra fields are ignored, and events of an unknown type decode to
+:class:`EngineUnknownEvent` (skipped downstream) rather than failing the batch. Block hashes
+arrive as ints (the low 64 bits of vLLM's digest, the default) or raw bytes
+(``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``); both become an :data:`EngineBlockHash` (bytes:
+low 64 bits, big-endian). Anything structurally wrong raises :class:`WireError` naming the
+offending field.
 
 An engine's block hash is *not* our :class:`~conductor.core.types.BlockHash`; the gateway
 maps one to the other (:mod:`conductor.gateway.kv_ingest`).
@@ -81,7 +83,14 @@ class EngineAllBlocksCleared:
     """The engine dropped its whole prefix cache."""
 
 
-EngineEvent = EngineBlockStored | EngineBlockRemoved | EngineAllBlocksCleared
+@dataclass(frozen=True, slots=True)
+class EngineUnknownEvent:
+    """An event type this decoder does not know (a newer vLLM); consumers skip it."""
+
+    type_name: str
+
+
+EngineEvent = EngineBlockStored | EngineBlockRemoved | EngineAllBlocksCleared | EngineUnknownEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +187,9 @@ def decode_event(obj: object, *, index: int = 0) -> EngineEvent:
         )
     if tag == "AllBlocksCleared":
         return EngineAllBlocksCleared()
-    raise WireError(f"event {index} has unknown type {tag!r}")
+    if isinstance(tag, str) and tag:
+        return EngineUnknownEvent(tag)
+    raise WireError(f"event {index} has no valid type tag: {_describe(obj)}")
 
 
 def decode_hash(value: object, where: str = "block hash") -> EngineBlockHash:
