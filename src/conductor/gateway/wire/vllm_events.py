@@ -1,0 +1,283 @@
+"""Decode vLLM's KV-cache event stream (ZMQ multipart frames) into typed engine-level events.
+
+Wire format (``vllm/distributed/kv_events.py``)::
+
+    frames  = [topic bytes, seq (8-byte big-endian, from 0 per publisher), msgpack(EventBatch)]
+    batch   = [ts, [event, ...], data_parallel_rank]       (array form; vLLM 0.32 sends this)
+            | {"ts": .., "events": [..], "data_parallel_rank": ..}   (map form)
+    event   = {"type": "BlockStored", "block_hashes": [..], ...}    (map form; vLLM 0.32)
+            | ["BlockStored", block_hashes, parent_block_hash, ...] (positional, older versions)
+
+Positional field orders (the tag first, then):
+
+- ``BlockStored``: block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+  lora_name, extra_keys, group_idx, kv_cache_spec_kind, ... (later fields ignored)
+- ``BlockRemoved``: block_hashes, medium, group_idx, ...
+- ``AllBlocksCleared``: nothing
+
+Decoding is defensive: fields are read by name where present, missing optional fields take
+their defaults, unknown extra fields are ignored, and events of an unknown type decode to
+:class:`EngineUnknownEvent` (skipped downstream) rather than failing the batch. Block hashes
+arrive as ints (the low 64 bits of vLLM's digest, the default) or raw bytes
+(``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``); both become an :data:`EngineBlockHash` (bytes:
+low 64 bits, big-endian). Anything structurally wrong raises :class:`WireError` naming the
+offending field.
+
+An engine's block hash is *not* our :class:`~conductor.core.types.BlockHash`; the gateway
+maps one to the other (:mod:`conductor.gateway.kv_ingest`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NewType
+
+import msgpack
+
+from conductor.core.errors import ConductorError
+
+EngineBlockHash = NewType("EngineBlockHash", int)
+"""An engine's own 64-bit block hash, as published in its KV events."""
+
+_U64_MASK = (1 << 64) - 1
+SEQ_BYTES = 8
+END_OF_REPLAY_SEQ = -1
+"""The sequence number vLLM's replay socket sends after the last buffered batch."""
+
+
+class WireError(ConductorError, ValueError):
+    """A frame or payload from an engine does not have the shape the wire format promises."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineBlockStored:
+    """The engine stored ``len(engine_hashes)`` full blocks chained after ``parent_engine_hash``.
+
+    ``token_ids`` holds ``block_size`` tokens per block, in order. ``extra_keys`` has one entry
+    per block (``None`` or a tuple of the block's extra hash inputs: LoRA name, multimodal
+    ``(id, offset)`` pairs, cache salt), or is empty when the engine did not send any.
+    """
+
+    engine_hashes: tuple[EngineBlockHash, ...]
+    parent_engine_hash: EngineBlockHash | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: tuple[tuple[object, ...] | None, ...] = ()
+    group_idx: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineBlockRemoved:
+    """The engine evicted ``engine_hashes`` from ``medium``."""
+
+    engine_hashes: tuple[EngineBlockHash, ...]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineAllBlocksCleared:
+    """The engine dropped its whole prefix cache."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineUnknownEvent:
+    """An event type this decoder does not know (a newer vLLM); consumers skip it."""
+
+    type_name: str
+
+
+EngineEvent = EngineBlockStored | EngineBlockRemoved | EngineAllBlocksCleared | EngineUnknownEvent
+
+
+@dataclass(frozen=True, slots=True)
+class EngineEventBatch:
+    """One published batch: the publisher's ``seq``, its wall-clock ``ts`` and its events."""
+
+    topic: bytes
+    seq: int
+    ts: float
+    events: tuple[EngineEvent, ...]
+    dp_rank: int | None = None
+
+
+# Positional field names after the tag, per event type (older vLLM, ``array_like=True``).
+_STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+)
+_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+_BATCH_FIELDS = ("ts", "events", "data_parallel_rank")
+
+
+def decode_seq(raw: bytes) -> int:
+    """An 8-byte big-endian sequence number (signed, so the replay end marker reads -1)."""
+    if not isinstance(raw, bytes | bytearray | memoryview) or len(raw) != SEQ_BYTES:
+        raise WireError(f"sequence frame must be {SEQ_BYTES} bytes, got {_describe(raw)}")
+    return int.from_bytes(raw, "big", signed=True)
+
+
+def encode_seq(seq: int) -> bytes:
+    """The 8-byte big-endian form of ``seq`` (as vLLM's replay request expects)."""
+    return seq.to_bytes(SEQ_BYTES, "big", signed=True)
+
+
+def decode_frames(frames: Sequence[bytes]) -> EngineEventBatch:
+    """Decode one multipart message ``[topic, seq, payload]`` from the PUB socket."""
+    if len(frames) != 3:
+        raise WireError(f"expected 3 frames [topic, seq, payload], got {len(frames)}")
+    topic, raw_seq, payload = frames
+    seq = decode_seq(raw_seq)
+    if seq < 0:
+        raise WireError(f"negative sequence number {seq} on the event stream")
+    ts, events, dp_rank = decode_payload(payload)
+    return EngineEventBatch(topic=bytes(topic), seq=seq, ts=ts, events=events, dp_rank=dp_rank)
+
+
+def decode_payload(payload: bytes) -> tuple[float, tuple[EngineEvent, ...], int | None]:
+    """Decode a msgpack ``EventBatch`` into ``(ts, events, data_parallel_rank)``."""
+    try:
+        obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise WireError(f"payload is not valid msgpack: {exc}") from exc
+    fields = _fields(obj, _BATCH_FIELDS, "event batch")
+    if "ts" not in fields or "events" not in fields:
+        raise WireError(f"event batch lacks ts or events: {_describe(obj)}")
+    ts = fields["ts"]
+    if isinstance(ts, bool) or not isinstance(ts, int | float):
+        raise WireError(f"event batch ts must be a number, got {_describe(ts)}")
+    raw_events = fields["events"]
+    if not isinstance(raw_events, list):
+        raise WireError(f"event batch events must be an array, got {_describe(raw_events)}")
+    events = tuple(decode_event(e, index=i) for i, e in enumerate(raw_events))
+    dp_rank = _opt_int(fields.get("data_parallel_rank"), "data_parallel_rank")
+    return float(ts), events, dp_rank
+
+
+def decode_event(obj: object, *, index: int = 0) -> EngineEvent:
+    """Decode one event, map form (``type`` key) or positional form (tag first)."""
+    tag: object
+    if isinstance(obj, Mapping):
+        tag = obj.get("type")
+    elif isinstance(obj, list) and obj:
+        tag = obj[0]
+    else:
+        raise WireError(f"event {index} is neither a map nor a tagged array: {_describe(obj)}")
+    where = f"event {index} ({tag})"
+    if tag == "BlockStored":
+        return _stored(_fields(obj, _STORED_FIELDS, where, tagged=True), where)
+    if tag == "BlockRemoved":
+        body = _fields(obj, _REMOVED_FIELDS, where, tagged=True)
+        return EngineBlockRemoved(
+            engine_hashes=_hashes(body.get("block_hashes"), f"{where}.block_hashes"),
+            medium=_opt_str(body.get("medium"), f"{where}.medium"),
+            group_idx=_opt_int(body.get("group_idx"), f"{where}.group_idx"),
+        )
+    if tag == "AllBlocksCleared":
+        return EngineAllBlocksCleared()
+    if isinstance(tag, str) and tag:
+        return EngineUnknownEvent(tag)
+    raise WireError(f"event {index} has no valid type tag: {_describe(obj)}")
+
+
+def decode_hash(value: object, where: str = "block hash") -> EngineBlockHash:
+    """An int hash (masked to 64 bits) or a bytes digest (its low 64 bits, big-endian)."""
+    if isinstance(value, bool):
+        raise WireError(f"{where} must be an int or bytes, got {_describe(value)}")
+    if isinstance(value, int):
+        return EngineBlockHash(value & _U64_MASK)
+    if isinstance(value, bytes | bytearray):
+        if not value:
+            raise WireError(f"{where} is empty bytes")
+        return EngineBlockHash(int.from_bytes(value, "big") & _U64_MASK)
+    raise WireError(f"{where} must be an int or bytes, got {_describe(value)}")
+
+
+def _stored(body: Mapping[str, object], where: str) -> EngineBlockStored:
+    hashes = _hashes(body.get("block_hashes"), f"{where}.block_hashes")
+    parent_raw = body.get("parent_block_hash")
+    parent = None if parent_raw is None else decode_hash(parent_raw, f"{where}.parent_block_hash")
+    token_ids = body.get("token_ids")
+    if not isinstance(token_ids, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) for t in token_ids
+    ):
+        raise WireError(f"{where}.token_ids must be an array of ints, got {_describe(token_ids)}")
+    block_size = body.get("block_size")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise WireError(f"{where}.block_size must be a positive int, got {_describe(block_size)}")
+    extra_raw = body.get("extra_keys")
+    extra: tuple[tuple[object, ...] | None, ...] = ()
+    if extra_raw is not None:
+        if not isinstance(extra_raw, list):
+            raise WireError(f"{where}.extra_keys must be an array, got {_describe(extra_raw)}")
+        extra = tuple(None if e is None else _freeze_seq(e) for e in extra_raw)
+    return EngineBlockStored(
+        engine_hashes=hashes,
+        parent_engine_hash=parent,
+        token_ids=tuple(token_ids),
+        block_size=block_size,
+        medium=_opt_str(body.get("medium"), f"{where}.medium"),
+        lora_name=_opt_str(body.get("lora_name"), f"{where}.lora_name"),
+        extra_keys=extra,
+        group_idx=_opt_int(body.get("group_idx"), f"{where}.group_idx"),
+    )
+
+
+def _fields(
+    obj: object, names: Sequence[str], where: str, *, tagged: bool = False
+) -> Mapping[str, object]:
+    """A name -> value view of a map, or of a positional array (skipping the tag if any)."""
+    if isinstance(obj, Mapping):
+        if not all(isinstance(k, str) for k in obj):
+            raise WireError(f"{where} has non-string keys")
+        return obj
+    if isinstance(obj, list):
+        values = obj[1:] if tagged else obj
+        return dict(zip(names, values, strict=False))
+    raise WireError(f"{where} must be a map or an array, got {_describe(obj)}")
+
+
+def _hashes(value: object, where: str) -> tuple[EngineBlockHash, ...]:
+    if not isinstance(value, list):
+        raise WireError(f"{where} must be an array, got {_describe(value)}")
+    return tuple(decode_hash(v, f"{where}[{i}]") for i, v in enumerate(value))
+
+
+def _opt_str(value: object, where: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise WireError(f"{where} must be a string or nil, got {_describe(value)}")
+
+
+def _opt_int(value: object, where: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise WireError(f"{where} must be an int or nil, got {_describe(value)}")
+
+
+def _freeze_seq(value: object) -> tuple[object, ...]:
+    """msgpack gives lists; make them (nested) tuples so extra keys can be hashed."""
+    if isinstance(value, list | tuple):
+        return tuple(_freeze_seq(v) if isinstance(v, list | tuple) else v for v in value)
+    return (value,)
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{type(value).__name__} {text}"

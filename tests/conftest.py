@@ -1,0 +1,27 @@
+"""Shared fixtures. Real-engine fixtures skip, with the reason, when ``make test`` has not
+created ``.venv-vllm`` and ``.tiny-model``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.engines.fixtures import VllmEngine, free_ports, missing_prerequisites, start_vllm_engine
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmEngine]:
+    """One real vLLM CPU engine (tiny model, block size 32, prefix caching, KV events with
+    replay) for the whole session; the process group is killed at the end."""
+    reason = missing_prerequisites()
+    if reason is not None:
+        pytest.skip(reason)
+    log_path = tmp_path_factory.mktemp("vllm") / "engine.log"
+    port, kv_events_port, replay_port = free_ports(3)
+    engine = start_vllm_engine(port, kv_events_port, replay_port=replay_port, log_path=log_path)
+    try:
+        engine.wait_healthy()
+        yield engine
+    finally:
+        engine.stop()

