@@ -10,7 +10,8 @@ Decode: the running batch (requests, context tokens) and the KV tokens reserved 
 (prompt + expected output), so admission can check both TBT and KV room.
 
 Invariants: ``queued_requests == len(_pred_s)``; ``_sum_pred_s == sum(_pred_s.values())``;
-``batch_size == len(_ctx)``; ``context_tokens == sum(_ctx.values())``; ``kv_reserved_tokens == sum(_kv.values())``.
+``batch_size == len(_ctx)``; ``context_tokens == sum(_ctx.values())``;
+``kv_reserved_tokens == sum(_kv.values())``.
 """
 
 from __future__ import annotations
