@@ -119,3 +119,45 @@ def test_lru_cache_evicts_oldest_and_keeps_chain() -> None:
     # LRU order [1, 2, 3]; the chain's head [0, 1, 2] fits, so 3 (least recent) goes
     assert c.insert(h[:5]) == ([h[0]], [h[3]])
     assert c.prefix_blocks(h) == 3 and len(c) == 3
+
+
+def test_background_replication_copies_a_hot_prefix() -> None:
+    """sglang's cache_aware sends every request for a prefix to its holder (until 64 more
+    are in flight there), so a hot prefix piles up on one instance; the background rule
+    copies it to an idle one, where sglang's holder tie-break (lower load) then sends half."""
+    hot = tuple(range(1, 61))  # 60 shared blocks (30k tokens), then 2 blocks of its own
+    reqs = [_req(0, 0.0, 62 * 512, (*hot, 10_000, 20_000), out=2)]
+    reqs += [
+        _req(i, 10.0 + 0.1 * i, 62 * 512, (*hot, 10_000 + i, 20_000 + i), out=2)
+        for i in range(1, 200)
+    ]
+
+    def run(replication: bool):  # type: ignore[no-untyped-def]
+        sched = SchedulerConfig(replication_enabled=replication)
+        cfg = SimConfig(policy="sglang", n_prefill=3, n_decode=1, scheduler=sched)
+        return simulate(reqs, cfg)
+
+    off, on = run(False), run(True)
+    assert (off.copies, on.copies) == (0, 1)
+    on_t, off_t = on.summary["ttft_s"], off.summary["ttft_s"]
+    assert on_t["mean"] < 0.7 * off_t["mean"]  # type: ignore[index]
+    assert on_t["p90"] < 0.5 * off_t["p90"]  # type: ignore[index]
+
+
+def test_cpp_splits_a_long_prompt_and_lowers_its_ttft() -> None:
+    n = 100_000
+    blocks = tuple(range(1, -(-n // 512) + 1))
+    reqs = [_req(0, 0.0, n, blocks, out=2)]
+    single = simulate(reqs, SimConfig(policy="conductor", n_prefill=4, n_decode=1))
+    cpp = simulate(
+        reqs,
+        SimConfig(
+            policy="conductor", n_prefill=4, n_decode=1, scheduler=SchedulerConfig(cpp_enabled=True)
+        ),
+    )
+    r1, r4 = single.records[0], cpp.records[0]
+    assert r1.cpp_nodes == 1 and r4.cpp_nodes == 4
+    assert r1.ttft_s == pytest.approx(BASE.prefill_s(n, 0))
+    assert r4.ttft_s is not None and r1.ttft_s is not None
+    assert r4.ttft_s < r1.ttft_s / 2.5
+    assert r4.ttft_s == pytest.approx(r4.predicted_ttft_s)

@@ -25,6 +25,7 @@ from conductor.core.events import (
     PrefillFinished,
     RequestFinished,
 )
+from conductor.core.hotspot import HotspotTracker
 from conductor.core.plan import Decision, Fetch, Migration, Plan, Rejection
 from conductor.core.policies import DecodePolicy, PrefillChoice, SchedulingContext, make_policy
 from conductor.core.policies.decode import LeastTbtDecode
@@ -72,6 +73,7 @@ class Conductor:
         self._rr = 0
         self._pools: tuple[list[InstanceState], list[InstanceState]] | None = None
         self.forecast = DecodeForecast()
+        self.hotspots = HotspotTracker() if self.config.replication_enabled else None
 
     # -- membership ----------------------------------------------------------------------
     def add_instance(self, spec: InstanceSpec) -> None:
@@ -349,6 +351,11 @@ class Conductor:
         self._inflight[req.request_id] = _InFlight(
             req, pre.instance, None if deferred else decode, cpp.nodes if cpp else ()
         )
+        if self.hotspots is not None:
+            best = ctx.match.best_blocks
+            if best:
+                self.hotspots.record(req.block_hashes[:best], ctx.now_s)
+            migrations += tuple(self.hotspots.plan(ctx.now_s, ctx.prefill_pool, self.index))
         return Plan(
             request_id=req.request_id,
             prefill=pre.instance,

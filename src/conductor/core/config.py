@@ -26,6 +26,8 @@ class SchedulerConfig:
     the budget left for queueing — and CPP predicts a lower TTFT. Helpers must have at most
     ``cpp_helper_queue_fraction`` x the SLO queued (nearly idle): CPP's pipeline bubbles cost
     node-time that a busy cluster cannot spare.
+    ``replication_enabled``: plan background hot-spot replicas (``conductor.core.hotspot``)
+    besides Algorithm 1's copy-on-fetch.
     ``policy_params``: extra parameters passed to the policy by name.
     """
 
@@ -36,6 +38,7 @@ class SchedulerConfig:
     admission: str = "off"
     decode_time_s: float = 20.0
     predictive_level: str = "system"
+    replication_enabled: bool = False
     cpp_enabled: bool = False
     prefill_chunk_tokens: int = 8192
     cpp_max_nodes: int = 4

@@ -18,6 +18,8 @@ class SimConfig:
     KV events (stale state). ``prefill_noise``: relative std-dev of a seeded log-normal error
     between the cost model's prediction and the simulated execution (0 = exact).
     ``load_sample_every_s``: sample prefill/decode load this often (0 = never).
+    ``replica_sample_every_s``: sample how many prefill caches hold the blocks ranked
+    ``replica_ranks`` by use in the whole trace (FAST Fig. 11; 0 = never).
     """
 
     policy: str = "mooncake"
@@ -30,6 +32,8 @@ class SimConfig:
     prefill_noise: float = 0.0
     seed: int = 0
     load_sample_every_s: float = 0.0
+    replica_sample_every_s: float = 0.0
+    replica_ranks: tuple[int, ...] = (10, 100, 1000)
 
     def __post_init__(self) -> None:
         if self.n_prefill <= 0:

@@ -47,6 +47,13 @@ class RequestRecord:
         return self.finish_s is not None and self.rejected is None
 
 
+PROMPT_BUCKETS = (
+    ("<=32k", 0, 32_768),
+    ("32k-64k", 32_768, 65_536),
+    (">64k", 65_536, 1 << 62),
+)
+
+
 def tail_mean_tbt(intervals: np.ndarray) -> float:
     """FAST §5.1: the mean of the longest 10% of a request's token intervals."""
     n = intervals.shape[0]
@@ -109,5 +116,12 @@ def summarize(
         "goodput_rps": round(good / duration_s, 6) if duration_s > 0 else 0.0,
         "cache_hit_rate": round(cached / prompt, 6) if prompt else 0.0,
         "fetched_tokens": sum(r.fetched_tokens for r in prefilled),
+        "cpp_requests": sum(1 for r in prefilled if r.cpp_nodes > 1),
+        "ttft_by_prompt_s": {
+            name: _pct(
+                [r.ttft_s for r in completed if r.ttft_s is not None and lo < r.prompt_tokens <= hi]
+            )
+            for name, lo, hi in PROMPT_BUCKETS
+        },
         "prefill_compute_s": round(sum(r.prefill_compute_s for r in records), 6),
     }

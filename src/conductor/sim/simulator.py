@@ -34,7 +34,7 @@ from conductor.sim.cache import LruBlockCache
 from conductor.sim.config import SimConfig
 from conductor.sim.records import RequestRecord, summarize, tail_mean_tbt
 
-ARRIVAL, FETCH_DONE, PREFILL_DONE, DECODE_JOIN, DECODE_STEP, KV_EVENT = range(6)
+ARRIVAL, FETCH_DONE, PREFILL_DONE, DECODE_JOIN, DECODE_STEP, KV_EVENT, COPY_DONE = range(7)
 
 Progress = Callable[[int, int], None]
 
@@ -87,6 +87,8 @@ class SimResult:
     sim_wall_s: float
     duration_s: float
     load_samples: list[tuple[float, float, float]] = field(default_factory=list)
+    replica_samples: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
+    copies: int = 0
 
 
 class _Simulation:
@@ -107,6 +109,18 @@ class _Simulation:
         self.seq = 0
         self.rng = random.Random(cfg.seed)
         self.load_samples: list[tuple[float, float, float]] = []
+        self.copies = 0
+        self.replica_samples: list[tuple[float, tuple[int, ...]]] = []
+        self.tracked_blocks: tuple[BlockHash, ...] = ()
+        if cfg.replica_sample_every_s > 0:
+            counts: dict[BlockHash, int] = {}
+            for r in requests:
+                for h in r.block_hashes:
+                    counts[h] = counts.get(h, 0) + 1
+            ranked = sorted(counts, key=lambda h: (-counts[h], h))
+            self.tracked_blocks = tuple(
+                ranked[k - 1] for k in cfg.replica_ranks if k - 1 < len(ranked)
+            )
         cap_blocks = cfg.cache_capacity_blocks
         for i in range(cfg.n_prefill):
             iid = InstanceId(f"prefill-{i}")
@@ -147,11 +161,24 @@ class _Simulation:
         pop = heapq.heappop
         every = self.cfg.load_sample_every_s
         next_sample = self.requests[0].arrival_s if (every > 0 and self.requests) else math.inf
+        r_every = self.cfg.replica_sample_every_s
+        next_replica = self.requests[0].arrival_s if (r_every > 0 and self.requests) else math.inf
         while heap:
             t, _, kind, a, b = pop(heap)
             while t >= next_sample:
                 self.sample_load(next_sample)
                 next_sample += every
+            while t >= next_replica:
+                self.replica_samples.append(
+                    (
+                        next_replica,
+                        tuple(
+                            sum(1 for n in self.prefill.values() if h in n.cache)
+                            for h in self.tracked_blocks
+                        ),
+                    )
+                )
+                next_replica += r_every
             if kind == DECODE_STEP:
                 self.on_step_end(t, a)  # type: ignore[arg-type]
             elif kind == ARRIVAL:
@@ -165,6 +192,8 @@ class _Simulation:
                 self.on_decode_join(t, a, b)  # type: ignore[arg-type]
             elif kind == FETCH_DONE:
                 self.on_fetch_done(t, a, b)  # type: ignore[arg-type]
+            elif kind == COPY_DONE:
+                self.store_blocks(t, a, b)  # type: ignore[arg-type]
             else:
                 self.conductor.on_event(a)  # type: ignore[arg-type]
         if progress is not None:
@@ -208,10 +237,36 @@ class _Simulation:
                 src.nic_free_s = end
                 job.fetch_pending = True
                 self.push(end, FETCH_DONE, job, fetched)
+        for m in plan.migrations:
+            if (
+                plan.fetch is not None
+                and m.source == plan.fetch.source
+                and m.target == plan.prefill
+            ):
+                continue  # Algorithm 1's copy-on-fetch, carried out above
+            self.copy_blocks(t, m.source, m.target, m.block_hashes)
         node.queue.append(job)
         if plan.cpp is not None:
             self.add_cpp_stages(t, job, plan)
         self.try_start(t, node)
+
+    def copy_blocks(
+        self, t: float, source: InstanceId, target: InstanceId, hashes: tuple[BlockHash, ...]
+    ) -> None:
+        """Background hot-spot replication: copy what ``source`` still holds of ``hashes``
+        to ``target`` over ``source``'s NIC (queued behind its other transfers)."""
+        src = self.prefill.get(source)
+        dst = self.prefill.get(target)
+        if src is None or dst is None:
+            return
+        have = src.cache.prefix_blocks(hashes)
+        if have == 0:
+            return
+        start = max(t, src.nic_free_s)
+        end = start + self.cost.transfer_s(have * self.block)
+        src.nic_free_s = end
+        self.copies += 1
+        self.push(end, COPY_DONE, dst, hashes[:have])
 
     def add_cpp_stages(self, t: float, job: _Job, plan: Plan) -> None:
         """CPP: every node of the group runs a stage for the whole pipelined time; the
@@ -390,4 +445,13 @@ def simulate(
         ),
         "sim_wall_s": round(wall, 3),
     }
-    return SimResult(cfg, sim.records, summary, wall, duration, sim.load_samples)
+    return SimResult(
+        cfg,
+        sim.records,
+        summary,
+        wall,
+        duration,
+        sim.load_samples,
+        sim.replica_samples,
+        sim.copies,
+    )
