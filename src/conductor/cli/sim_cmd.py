@@ -17,7 +17,14 @@ from conductor.core.policies import policy_config_defaults, policy_names
 from conductor.core.types import Request
 from conductor.sim.capacity import find_capacity
 from conductor.sim.config import SimConfig
-from conductor.sim.report import markdown_table, plot_comparison, table_rows, to_json, write_json
+from conductor.sim.report import (
+    markdown_table,
+    plot_comparison,
+    plot_load,
+    table_rows,
+    to_json,
+    write_json,
+)
 from conductor.sim.simulator import Progress, SimResult, simulate
 from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
 
@@ -55,6 +62,10 @@ AdmissionOpt = Annotated[
         "--admission",
         help="off|baseline|early|predictive (default: the policy's own; off for baselines)",
     ),
+]
+ReplOpt = Annotated[
+    bool,
+    typer.Option("--replication/--no-replication", help="background hot-spot replication"),
 ]
 CppOpt = Annotated[
     bool | None,
@@ -123,6 +134,8 @@ def build_config(
     unbounded: bool,
     kv_event_delay_s: float,
     cpp: bool | None = None,
+    replication: bool = False,
+    sample_every_s: float = 0.0,
 ) -> SimConfig:
     """The simulated cluster; settings left as None take the policy's own defaults
     (``conductor`` brings admission and CPP), then the global ones."""
@@ -140,6 +153,7 @@ def build_config(
             tbt_slo_s=tbt_slo_ms / 1e3,
             admission=admission or str(defaults.get("admission", "off")),
             cpp_enabled=bool(defaults.get("cpp_enabled", False)) if cpp is None else cpp,
+            replication_enabled=replication,
             seed=seed,
         )
         return SimConfig(
@@ -151,6 +165,8 @@ def build_config(
             cache_capacity_tokens=None if unbounded else (cache_tokens or 3_000_000),
             kv_event_delay_s=kv_event_delay_s,
             seed=seed,
+            load_sample_every_s=sample_every_s,
+            replica_sample_every_s=30.0 if sample_every_s > 0 else 0.0,
         )
     except ConductorError as exc:
         raise _fail(str(exc)) from None
@@ -204,10 +220,15 @@ def register(app: typer.Typer) -> None:
         json_path: JsonOpt = None,
         admission: AdmissionOpt = None,
         cpp: CppOpt = None,
+        replication: ReplOpt = False,
         skip_invalid: SkipOpt = False,
         cache_tokens: CacheOpt = None,
         unbounded_cache: UnboundedOpt = False,
         kv_event_delay_s: DelayOpt = 0.0,
+        load_plot: Annotated[
+            Path | None,
+            typer.Option("--load-plot", help="PNG of prefill/decode load and replicas over time"),
+        ] = None,
     ) -> None:
         """Replay a trace through a simulated P/D cluster with one policy."""
         name = policy or default_policy()
@@ -223,14 +244,20 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             admission=admission,
             cpp=cpp,
+            replication=replication,
             cache_tokens=cache_tokens,
             unbounded=unbounded_cache,
             kv_event_delay_s=kv_event_delay_s,
+            sample_every_s=10.0 if load_plot is not None else 0.0,
         )
         res = _run(requests, cfg)
         print_table([res.summary])
+        _print_extras(res.summary)
         if json_path is not None:
             write_json(json_path, res.summary)
+        if load_plot is not None:
+            plot_load(res, load_plot)
+            typer.echo(f"plot written to {load_plot}")
 
     @app.command("compare")
     def compare_cmd(
@@ -252,7 +279,12 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option("--markdown", help="write the table as Markdown here")
         ] = None,
         admission: AdmissionOpt = None,
+        admissions: Annotated[
+            str | None,
+            typer.Option("--admissions", help="run each policy under each of these modes"),
+        ] = None,
         cpp: CppOpt = None,
+        replication: ReplOpt = False,
         skip_invalid: SkipOpt = False,
         cache_tokens: CacheOpt = None,
         unbounded_cache: UnboundedOpt = False,
@@ -269,8 +301,11 @@ def register(app: typer.Typer) -> None:
         for n in names:
             _check_policy(n, "--policies")
         requests = load_requests(trace, limit, speed, skip_invalid)
+        modes: list[str | None] = (
+            [m.strip() for m in admissions.split(",") if m.strip()] if admissions else [admission]
+        )
         results: list[SimResult] = []
-        for name in names:
+        for name, mode in [(n, m) for n in names for m in modes]:
             cfg = build_config(
                 policy=name,
                 prefill=prefill,
@@ -279,8 +314,9 @@ def register(app: typer.Typer) -> None:
                 ttft_slo_s=ttft_slo_s,
                 tbt_slo_ms=tbt_slo_ms,
                 seed=seed,
-                admission=admission,
+                admission=mode,
                 cpp=cpp,
+                replication=replication,
                 cache_tokens=cache_tokens,
                 unbounded=unbounded_cache,
                 kv_event_delay_s=kv_event_delay_s,
@@ -367,6 +403,17 @@ def register(app: typer.Typer) -> None:
         _print_capacity(out, thresholds)
         if json_path is not None:
             write_json(json_path, out)
+
+
+def _print_extras(summary: dict[str, Any]) -> None:
+    by = summary["ttft_by_prompt_s"]
+    parts = [
+        f"{k}: {v['mean']:.2f}s" if v["mean"] is not None else f"{k}: -" for k, v in by.items()
+    ]
+    typer.echo(
+        f"mean TTFT by prompt length: {', '.join(parts)}; CPP requests: {summary['cpp_requests']};"
+        f" wasted prefill: {summary['wasted_prefill_s']:.0f}s"
+    )
 
 
 def _span(requests: list[Request]) -> float:

@@ -31,12 +31,20 @@ class _Entry:
 
 
 class DecodeForecast:
-    """Predicted decode membership over time; see the module docstring."""
+    """Predicted decode membership over time; see the module docstring.
 
-    __slots__ = ("_entries",)
+    ``decode_time_s`` (the uniform t_d) starts at the configured value and then follows the
+    decode durations actually observed (start of decode to finish), as an exponentially
+    weighted mean with weight ``learning_rate``: the paper leaves t_d unspecified, and a
+    fixed guess that is too short admits work the decode pool cannot hold.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_entries", "decode_time_s", "learning_rate")
+
+    def __init__(self, decode_time_s: float = 20.0, learning_rate: float = 0.05) -> None:
         self._entries: dict[RequestId, _Entry] = {}
+        self.decode_time_s = decode_time_s
+        self.learning_rate = learning_rate
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -60,6 +68,13 @@ class DecodeForecast:
 
     def remove(self, rid: RequestId) -> None:
         self._entries.pop(rid, None)
+
+    def finished(self, rid: RequestId, now_s: float) -> None:
+        """``rid`` left decode at ``now_s``: learn its decode duration, forget it."""
+        e = self._entries.pop(rid, None)
+        if e is not None and now_s > e.start_s:
+            lr = self.learning_rate
+            self.decode_time_s += lr * ((now_s - e.start_s) - self.decode_time_s)
 
     def membership_at(self, t: float) -> dict[InstanceId, tuple[int, int]]:
         """``instance -> (batch size, context tokens)`` predicted at time ``t``."""

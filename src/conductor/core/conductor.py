@@ -72,7 +72,7 @@ class Conductor:
         self._rng = random.Random(self.config.seed)
         self._rr = 0
         self._pools: tuple[list[InstanceState], list[InstanceState]] | None = None
-        self.forecast = DecodeForecast()
+        self.forecast = DecodeForecast(self.config.decode_time_s)
         self.hotspots = HotspotTracker() if self.config.replication_enabled else None
 
     # -- membership ----------------------------------------------------------------------
@@ -144,9 +144,9 @@ class Conductor:
                 f = self._inflight.get(rid)
                 if f is not None:
                     f.prefill_done = True
-            case RequestFinished(rid, inst, _):
+            case RequestFinished(rid, inst, now):
                 self._state(inst).decode.release(rid)
-                self.forecast.remove(rid)
+                self.forecast.finished(rid, now)
                 self._inflight.pop(rid, None)
             case DecodeProgress(rid, inst, generated, _):
                 self._state(inst).decode.progress(rid, generated)
@@ -277,7 +277,7 @@ class Conductor:
     def _decode_duration_s(self, req: Request, tbt_s: float) -> float:
         if self.config.predictive_level == "request":
             return max(1, req.output_tokens - 1) * tbt_s
-        return self.config.decode_time_s
+        return self.forecast.decode_time_s
 
     def _admit_predictive(
         self, ctx: SchedulingContext, pre: PrefillChoice, tbt_s: float, decode_fits: bool
@@ -343,7 +343,7 @@ class Conductor:
                 decode,
                 ctx.now_s + pre.ttft_s,
                 self._decode_duration_s(req, tbt_s),
-                req.prompt_tokens,
+                req.prompt_tokens + req.output_tokens,
             )
             self.instances[decode].decode.admit(
                 req.request_id, req.prompt_tokens, req.output_tokens
@@ -396,7 +396,11 @@ class Conductor:
         req = f.request
         self.instances[dec.instance].decode.admit(rid, req.prompt_tokens, req.output_tokens)
         self.forecast.add(
-            rid, dec.instance, now_s, self._decode_duration_s(req, dec.tbt_s), req.prompt_tokens
+            rid,
+            dec.instance,
+            now_s,
+            self._decode_duration_s(req, dec.tbt_s),
+            req.prompt_tokens + req.output_tokens,
         )
         f.decode = dec.instance
         return dec.instance

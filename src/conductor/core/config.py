@@ -18,7 +18,8 @@ class SchedulerConfig:
     an infinite ratio). ``admission``: ``off`` never rejects; ``early`` rejects at arrival
     when predicted TTFT or TBT misses its SLO; ``baseline`` checks prefill load at arrival and
     decode load only when prefill ends; ``predictive`` predicts the decode load at the time
-    the request reaches decode (``decode_time_s`` is the uniform t_d of arXiv §7.4;
+    the request reaches decode (``decode_time_s`` is the initial uniform t_d of arXiv §7.4,
+    then learnt from observed decode durations;
     ``predictive_level="request"`` uses each request's expected output length instead).
     ``cpp_enabled``: plan chunked pipeline parallel prefill over up to ``cpp_max_nodes``
     nodes (chunks of at most ``prefill_chunk_tokens``) when the best single-node prefill (its

@@ -58,12 +58,15 @@ def table_rows(results: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[
     rows = []
     for s in results:
         t, b = s["ttft_s"], s["tbt_ms"]
+        label = str(s["policy"])
+        if s["admission"] != "off":
+            label += f" ({s['admission']})"
         rej = str(s["rejected"])
         if s["rejected_after_prefill"]:
             rej += f" ({s['rejected_after_prefill']} late)"
         rows.append(
             [
-                str(s["policy"]),
+                label,
                 _f(t["mean"], ".2f"),
                 _f(t["p50"], ".2f"),
                 _f(t["p90"], ".2f"),
@@ -107,6 +110,7 @@ def plot_comparison(
             ax2.plot(tbt, np.arange(1, tbt.size + 1) / tbt.size, label=name)
     ax1.axvline(ttft_slo_s, color="grey", linestyle="--", linewidth=1)
     ax1.set_xscale("symlog", linthresh=1.0)
+    ax1.set_xlim(left=0)
     ax1.set_xlabel("TTFT (s)")
     ax1.set_ylabel("fraction of completed requests")
     ax1.set_title("TTFT CDF (dashed: SLO)")
@@ -115,7 +119,11 @@ def plot_comparison(
     ax2.set_xlabel("TBT, mean of longest 10% intervals (ms)")
     ax2.set_title("TBT CDF (dashed: SLO)")
     ax2.legend(fontsize=8)
-    names = [str(r.summary["policy"]) for r in results]
+    names = [
+        str(r.summary["policy"])
+        + (f" ({r.summary['admission']})" if r.summary["admission"] != "off" else "")
+        for r in results
+    ]
     att = [float(r.summary["slo_attainment"]) for r in results]  # type: ignore[arg-type]
     bars = ax3.bar(range(len(names)), att, color="tab:blue")
     ax3.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
@@ -123,6 +131,42 @@ def plot_comparison(
     ax3.set_title("SLO attainment (rejections count as misses)")
     for bar, a in zip(bars, att, strict=True):
         ax3.text(bar.get_x() + bar.get_width() / 2, a + 0.01, f"{a:.3f}", ha="center", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_load(result: SimResult, path: str | Path) -> None:
+    """Prefill vs decode load over time (arXiv Fig. 9) and, when sampled, the replica count
+    of the blocks ranked 10th/100th/1000th by use (FAST Fig. 11)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
+    if result.load_samples:
+        t, pre, dec = zip(*result.load_samples, strict=True)
+        tm = [x / 60 for x in t]
+        ax1.plot(tm, pre, label="prefill load (queue / TTFT SLO)")
+        ax1.plot(tm, dec, label="decode load (step time / TBT SLO)")
+        ax1.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        ax1.set_ylabel("load")
+        ax1.legend(fontsize=8)
+    s = result.summary
+    ax1.set_title(
+        f"{s['policy']} admission={s['admission']}: rejected {s['rejected']}"
+        f" ({s['rejected_after_prefill']} after prefill)"
+    )
+    if result.replica_samples:
+        t2 = [x / 60 for x, _ in result.replica_samples]
+        for k, rank in enumerate(result.config.replica_ranks):
+            ys = [c[k] if k < len(c) else 0 for _, c in result.replica_samples]
+            ax2.step(t2, ys, where="post", label=f"block ranked {rank}")
+        ax2.set_ylabel("prefill caches holding it")
+        ax2.set_ylim(0, result.config.n_prefill + 0.5)
+        ax2.legend(fontsize=8)
+    ax2.set_xlabel("time (min)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,7 +1,9 @@
 """Load-balancing decoding scheduling (Mooncake Algorithm 1, line 24).
 
 For every decode instance predict the step time it would have with this request added,
-``TBT = decode_step(B + 1, sum_ctx + prompt_tokens)``, and pick the lowest among those whose
+``TBT = decode_step(B + 1, kv_reserved + prompt + output)`` — the context every request on it
+will have reached by its last token, because TBT (the mean of the longest 10% of a
+request's intervals) is set by the late, long-context steps — and pick the lowest among those whose
 KV room and batch limit admit the request. ``fits`` is False when none meets the TBT SLO or
 none has room (the best effort is still returned so admission can report it).
 """
@@ -14,7 +16,10 @@ from conductor.core.state import InstanceState
 
 def predicted_tbt_s(ctx: SchedulingContext, inst: InstanceState) -> float:
     d = inst.decode
-    return ctx.cost.decode_step_s(d.batch_size + 1, d.context_tokens + ctx.request.prompt_tokens)
+    req = ctx.request
+    return ctx.cost.decode_step_s(
+        d.batch_size + 1, d.kv_reserved_tokens + req.prompt_tokens + req.output_tokens
+    )
 
 
 def has_room(ctx: SchedulingContext, inst: InstanceState) -> bool:
