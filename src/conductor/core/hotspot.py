@@ -9,8 +9,9 @@ least-loaded holder to the least-loaded instance that does not hold it — so th
 requests for it find a cheap local copy instead of queueing behind the holder.
 
 Rates decay exponentially with ``half_life_s``: ``rate <- rate * 2^(-dt/half_life) + 1/half_life``
-per hit, which makes ``rate`` an events-per-second estimate. A copy to the same target is not
-planned again for ``cooldown_s`` (the KV events confirming it take a while to arrive).
+per hit, which makes ``rate`` an events-per-second estimate. A hot prefix is copied at most
+once per ``cooldown_s`` (the KV events confirming a copy take a while to arrive; without the
+pause every check would copy it again).
 Checks run at most every ``check_every_s`` and look at the ``top_k`` hottest prefixes.
 """
 
@@ -51,7 +52,7 @@ class HotspotTracker:
         self.config = config or HotspotConfig()
         self._heat: dict[BlockHash, _Heat] = {}
         self._next_check_s = 0.0
-        self._recent: dict[tuple[BlockHash, InstanceId], float] = {}
+        self._recent: dict[BlockHash, float] = {}
 
     def rate(self, key: BlockHash, now_s: float) -> float:
         h = self._heat.get(key)
@@ -110,9 +111,8 @@ class HotspotTracker:
             target = min(others, key=lambda i: (loads[i], i))
             if loads[target] >= mean:
                 continue
-            if now_s < self._recent.get((key, target), -math.inf):
+            if now_s < self._recent.get(key, -math.inf):
                 continue
-            self._recent[(key, target)] = now_s + cfg.cooldown_s
-            loads[target] += 0.0  # the copy costs the target no prefill time
+            self._recent[key] = now_s + cfg.cooldown_s
             out.append(Migration(source, target, chain))
         return out
