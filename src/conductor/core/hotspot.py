@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from conductor.core.plan import Migration
 from conductor.core.prefix_index import PrefixIndex
 from conductor.core.state import InstanceState
-from conductor.core.types import BlockHash, InstanceId
+from conductor.core.types import BlockHash
 
 
 @dataclass(frozen=True, slots=True)
