@@ -33,9 +33,9 @@ def test_forecast_membership_and_load() -> None:
 def test_predictive_accepts_what_early_rejects() -> None:
     """Two requests already hold decode d0 but finish (t_d = 1 s) before the new request's
     prefill ends; early rejection counts them, the prediction does not."""
-    early = make_conductor(1, 1, cost=COST, admission="early", tbt_slo_s=0.035, decode_time_s=1.0)
+    early = make_conductor(1, 1, cost=COST, admission="early", tbt_slo_s=0.0525, decode_time_s=1.0)
     pred = make_conductor(
-        1, 1, cost=COST, admission="predictive", tbt_slo_s=0.035, decode_time_s=1.0
+        1, 1, cost=COST, admission="predictive", tbt_slo_s=0.0525, decode_time_s=1.0
     )
     for c in (early, pred):
         for name in ("a", "b"):
@@ -53,12 +53,12 @@ def test_predictive_accepts_what_early_rejects() -> None:
 
 def test_predictive_rejects_when_decode_will_be_full() -> None:
     c = make_conductor(
-        1, 1, cost=COST, admission="predictive", tbt_slo_s=0.035, decode_time_s=100.0
+        1, 1, cost=COST, admission="predictive", tbt_slo_s=0.0525, decode_time_s=100.0
     )
     for name in ("a", "b"):
         assert isinstance(c.schedule(req(name, (), 10), 0.0), Plan)
     r = c.schedule(req("c", (), 10), 0.0)
     assert isinstance(r, Rejection) and r.code == "tbt_slo"
-    assert r.predicted_tbt_s == pytest.approx(0.040)
+    assert r.predicted_tbt_s == pytest.approx(0.060)
     c.on_event(RequestFinished(RequestId("a"), iid("d0"), 1.0))
     assert isinstance(c.schedule(req("c", (), 10), 1.0), Plan)

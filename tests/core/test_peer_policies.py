@@ -154,7 +154,8 @@ def test_dynamo_decode_is_load_only_fewest_blocks() -> None:
     _decoding(c, "d1", 4, n=2)
     plan = _plan(c, req("r", CHAIN, 40))
     assert plan.decode == "d1"  # dynamo: fewest active blocks
-    assert plan.predicted_tbt_s == pytest.approx(0.013)
+    # 13 ms step x 1.5 for the long first interval (10 output tokens: k = 1)
+    assert plan.predicted_tbt_s == pytest.approx(0.013 * 1.5)
     # the default decode policy would pick by predicted TBT instead: d0
     c2 = Conductor(LINEAR_COST, policy="dynamo", config=c.config, decode_policy=LeastTbtDecode())
     for name, role in roles.items():

@@ -83,19 +83,19 @@ def test_decode_picks_lowest_predicted_tbt() -> None:
     second = _plan(c, req("b", (), 8))
     assert first.decode == "d0" and second.decode == "d1"
     # decode step = 10 ms + 1 ms/request: with one request each, adding one gives 12 ms
-    assert second.predicted_tbt_s == pytest.approx(0.011)
+    assert second.predicted_tbt_s == pytest.approx(0.0165)
     c.on_event(RequestFinished(RequestId("a"), iid("d0"), 1.0))
     assert _plan(c, req("c", (), 8)).decode == "d0"
 
 
 def test_early_admission_rejects_ttft_and_tbt() -> None:
-    c = make_conductor(1, 1, admission="early", ttft_slo_s=0.05, tbt_slo_s=0.0115)
+    c = make_conductor(1, 1, admission="early", ttft_slo_s=0.05, tbt_slo_s=0.01725)
     assert isinstance(c.schedule(req("a", (), 40), 0.0), Plan)  # 40 ms TTFT
     r = c.schedule(req("b", (), 40), 0.0)  # 40 ms queue + 40 ms
     assert isinstance(r, Rejection) and r.code == "ttft_slo"
     assert r.predicted_ttft_s == pytest.approx(0.08)
     assert "predicted TTFT 0.080s > SLO 0.050s" in r.reason
-    c2 = make_conductor(2, 1, admission="early", tbt_slo_s=0.0115)
+    c2 = make_conductor(2, 1, admission="early", tbt_slo_s=0.01725)
     assert isinstance(c2.schedule(req("a", (), 4), 0.0), Plan)  # TBT 11 ms
     r2 = c2.schedule(req("b", (), 4), 0.0)  # 12 ms
     assert isinstance(r2, Rejection) and r2.code == "tbt_slo"
@@ -114,7 +114,7 @@ def test_admission_off_never_rejects() -> None:
 
 
 def test_baseline_admission_checks_decode_at_prefill_end() -> None:
-    c = make_conductor(2, 1, admission="baseline", tbt_slo_s=0.0115)
+    c = make_conductor(2, 1, admission="baseline", tbt_slo_s=0.01725)
     a = _plan(c, req("a", (), 4))
     b = _plan(c, req("b", (), 4))  # accepted at arrival: decode not checked yet
     assert c.confirm_decode(a.request_id, 0.01) == "d0"
@@ -158,3 +158,12 @@ def test_no_instance_rejection() -> None:
     c.set_health(iid("d0"), healthy=False)
     r = c.schedule(req("a", (), 4), 0.0)
     assert isinstance(r, Rejection) and r.code == "no_instance"
+
+
+def test_tbt_factor_models_the_long_first_interval() -> None:
+    from conductor.core.policies.decode import tbt_factor
+
+    assert tbt_factor(2) == 1.5  # one interval: the first, 1.5 steps
+    assert tbt_factor(11) == 1.5  # 10 intervals: k = 1
+    assert tbt_factor(21) == 1.25  # k = 2
+    assert tbt_factor(1001) == pytest.approx(1.005)  # k = 100

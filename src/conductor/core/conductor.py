@@ -28,7 +28,7 @@ from conductor.core.events import (
 from conductor.core.hotspot import HotspotTracker
 from conductor.core.plan import Decision, Fetch, Migration, Plan, Rejection
 from conductor.core.policies import DecodePolicy, PrefillChoice, SchedulingContext, make_policy
-from conductor.core.policies.decode import LeastTbtDecode
+from conductor.core.policies.decode import LeastTbtDecode, tbt_factor
 from conductor.core.prefix_index import PrefixIndex
 from conductor.core.state import InstanceSpec, InstanceState
 from conductor.core.types import InstanceId, Request, RequestId
@@ -302,6 +302,7 @@ class Conductor:
                 best = (load, own, inst.spec.instance_id)
         assert best is not None
         load, own, _ = best
+        own *= tbt_factor(req.output_tokens)
         if load > 1.0 or own > tbt_slo:
             return Rejection(
                 req.request_id,
