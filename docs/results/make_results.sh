@@ -16,8 +16,13 @@ $C simulate --policy conductor --no-cpp --json $R/cpp_off.json
 $C simulate --policy conductor --cpp --json $R/cpp_on.json
 $C simulate --policy mooncake --load-plot $R/replicas_mooncake.png --json $R/replicas_mooncake.json
 $C simulate --policy mooncake --replication --json $R/replication_on.json
-for kind in chat agent docqa; do
+for kind in chat agent docqa mixed; do
   $C trace synth --kind $kind --requests 2000 --rate 2.5 --seed 42 --out $R/synth_$kind.jsonl
   $C compare --trace $R/synth_$kind.jsonl --json $R/compare_synth_$kind.json --markdown $R/compare_synth_$kind.md
-  rm -f $R/synth_$kind.jsonl
 done
+# chat and agent barely load the cluster at 2.5 req/s: replay them 16x faster as well
+for kind in chat agent; do
+  $C compare --trace $R/synth_$kind.jsonl --speed 16 --json $R/compare_synth_${kind}_16x.json --markdown $R/compare_synth_${kind}_16x.md
+done
+rm -f $R/synth_*.jsonl
+$C capacity --policies random,least_loaded,cache_aware_local,mooncake,dynamo,sglang,llmd,conductor --bisect-steps 3 --json $R/capacity.json > $R/capacity.txt
