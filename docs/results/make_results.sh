@@ -11,6 +11,7 @@ $C compare --policies mooncake --unbounded-cache --json $R/cache_unbounded.json 
 $C trace stats > $R/trace_stats.txt
 $C compare --speed 2 --policies mooncake --admissions off,baseline,early,predictive --json $R/admission_8p8d.json --markdown $R/admission_8p8d.md
 $C compare --speed 2 --decode 3 --policies mooncake --admissions off,baseline,early,predictive --json $R/admission_8p3d.json --markdown $R/admission_8p3d.md
+$C simulate --speed 2 --decode 3 --policy mooncake --admission baseline --load-plot $R/load_8p3d_baseline.png --json $R/load_8p3d_baseline.json
 $C simulate --speed 2 --decode 3 --policy mooncake --admission early --load-plot $R/load_8p3d_early.png --json $R/load_8p3d_early.json
 $C simulate --policy conductor --no-cpp --json $R/cpp_off.json
 $C simulate --policy conductor --cpp --json $R/cpp_on.json
