@@ -1,0 +1,1 @@
+"""Command-line shells: the composition root (``conductor ...``)."""
