@@ -1,28 +1,46 @@
 """Global prefix index: which holder caches which block, in which tier.
 
 A *holder* is a prefill/decode instance or a store node of the shared KV pool. Every holder
-gets a bit slot; for every block hash the index keeps one bitmask per tier (GPU, DRAM,
-STORE) and a derived *local* mask (GPU | DRAM: blocks an instance can reuse without a
-network fetch). Matching a request walks its block hashes once, ANDing masks, and records
-where each holder drops out, so its cost is ``O(prefix length + holders)`` dictionary
-lookups and integer operations, independent of how many blocks the index holds.
+gets a bit slot. For every block hash the index keeps one packed integer with three masks
+of ``W`` bits each (``W``, the field width, is a power of two above the highest slot):
+
+* bits ``[0, W)``: *any* tier (GPU, DRAM or STORE: the holder can serve the block);
+* bits ``[W, 2W)``: *local* (GPU or DRAM: an instance reuses it without a network fetch);
+* bits ``[2W, 3W)``: *GPU* alone.
+
+Matching a request looks each block up once and ANDs the packed masks (the three fields
+stay independent under ``&``); a holder's depth in a field is where its bit first drops out.
+The per-block work runs in C iterators (``map`` of ``dict.get``, ``accumulate`` of ``&``);
+Python code runs only where holders drop out, found by bisection since the running AND
+only ever loses bits. The cost is ``O(prefix length + holders)`` dictionary lookups and
+integer operations, independent of how many blocks the index holds. Ingest ORs one packed
+mask per block, also in C.
 
 Invariants (asserted by the tests against a brute-force reference):
 
-* ``bit(slot)`` is set in ``_tier[t][h]`` iff ``h in _held[slot][t]``;
-* ``_local[h]`` == ``_tier[GPU][h] | _tier[DRAM][h]`` and no mask stored is 0;
-* a slot is reused only after its holder was removed and all its bits cleared.
+* ``_held[slot][t]`` is the set of blocks ``slot`` holds in tier ``t``;
+* bit ``slot`` of the any / local / GPU field of ``_masks[h]`` is set iff ``h`` is in
+  ``_held[slot][t]`` for some ``t`` / for ``t`` in (GPU, DRAM) / for ``t`` = GPU;
+* no mask stored is 0, so a GPU bit implies the local bit, and a local bit the any bit;
+* a slot is reused only after its holder was removed and all its bits cleared;
+* ``_mask_names[m]`` is the holders of the bits of ``m`` in slot order (a memo, emptied
+  whenever a slot changes hands).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, islice, repeat
+from operator import and_
 
 from conductor.core.errors import UnknownInstance
 from conductor.core.types import BlockHash, InstanceId, Tier
 
 _TIERS = (Tier.GPU, Tier.DRAM, Tier.STORE)
+_MIN_WIDTH = 64
+_MASK_MEMO_SIZE = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,21 +76,23 @@ def _bits(mask: int) -> Iterable[int]:
 class PrefixIndex:
     """Block hash -> holders by tier, fed by KV events; see the module docstring."""
 
-    __slots__ = ("_free", "_held", "_local", "_names", "_slots", "_tier")
+    __slots__ = ("_free", "_held", "_mask_names", "_masks", "_names", "_slots", "_width")
 
     def __init__(self) -> None:
         self._slots: dict[InstanceId, int] = {}
         self._names: list[InstanceId | None] = []
         self._free: list[int] = []
-        self._tier: tuple[dict[int, int], dict[int, int], dict[int, int]] = ({}, {}, {})
-        self._local: dict[int, int] = {}
+        self._width = _MIN_WIDTH
+        self._masks: dict[int, int] = {}
         self._held: list[tuple[set[int], set[int], set[int]]] = []
+        self._mask_names: dict[int, tuple[InstanceId, ...]] = {}
 
     # -- holders -------------------------------------------------------------------------
     def add_holder(self, holder: InstanceId) -> None:
         """Register ``holder`` (idempotent)."""
         if holder in self._slots:
             return
+        self._mask_names.clear()
         if self._free:
             slot = min(self._free)
             self._free.remove(slot)
@@ -82,12 +102,15 @@ class PrefixIndex:
             slot = len(self._names)
             self._names.append(holder)
             self._held.append((set(), set(), set()))
+            if slot >= self._width:
+                self._widen(2 * self._width)
         self._slots[holder] = slot
 
     def remove_holder(self, holder: InstanceId) -> None:
         """Forget ``holder`` and every block it held."""
         self.clear(holder)
         slot = self._slots.pop(holder)
+        self._mask_names.clear()
         self._names[slot] = None
         self._free.append(slot)
 
@@ -103,49 +126,65 @@ class PrefixIndex:
         except KeyError:
             raise UnknownInstance(holder) from None
 
+    def _widen(self, width: int) -> None:
+        """Repack every mask with fields of ``width`` bits (once per doubling of holders)."""
+        old = self._width
+        field = (1 << old) - 1
+        masks = self._masks
+        for h, m in masks.items():
+            masks[h] = (m & field) | ((m >> old) & field) << width | (m >> 2 * old) << 2 * width
+        self._width = width
+
+    def _bits_for(self, slot: int, tiers: Iterable[int]) -> int:
+        """The packed bits of ``slot`` holding a block in ``tiers``."""
+        bit = 1 << slot
+        w = self._width
+        out = 0
+        for t in tiers:
+            out |= bit  # any tier
+            if t != Tier.STORE:
+                out |= bit << w  # local
+                if t == Tier.GPU:
+                    out |= bit << 2 * w
+        return out
+
     # -- events --------------------------------------------------------------------------
     def store(self, holder: InstanceId, block_hashes: Sequence[BlockHash], tier: Tier) -> None:
         """``holder`` caches ``block_hashes`` in ``tier``."""
         slot = self._slot(holder)
-        bit = 1 << slot
-        t = int(tier)
-        d = self._tier[t]
-        get = d.get
+        bits = self._bits_for(slot, (tier,))
+        masks = self._masks
+        get = masks.get
         for h in block_hashes:
-            d[h] = get(h, 0) | bit
-        if t != Tier.STORE:
-            loc = self._local
-            lget = loc.get
-            for h in block_hashes:
-                loc[h] = lget(h, 0) | bit
-        self._held[slot][t].update(block_hashes)
+            masks[h] = get(h, 0) | bits
+        self._held[slot][tier].update(block_hashes)
 
     def remove(self, holder: InstanceId, block_hashes: Iterable[BlockHash], tier: Tier) -> None:
         """``holder`` evicted ``block_hashes`` from ``tier`` (unknown hashes are ignored)."""
         self._remove_slot(self._slot(holder), block_hashes, tier)
 
     def _remove_slot(self, slot: int, block_hashes: Iterable[int], tier: Tier) -> None:
-        bit = 1 << slot
-        t = int(tier)
-        held = self._held[slot][t]
-        d = self._tier[t]
-        other = self._tier[1 - t] if t != Tier.STORE else None
-        loc = self._local
+        held = self._held[slot]
+        mine = held[tier]
+        others = [t for t in _TIERS if t != tier]
+        mine_all = ~self._bits_for(slot, _TIERS)
+        # what the slot keeps of a block, by the other tiers holding it (4 combinations)
+        keep = {
+            (a, b): self._bits_for(slot, [t for t, k in zip(others, (a, b), strict=True) if k])
+            for a in (False, True)
+            for b in (False, True)
+        }
+        in_a, in_b = held[others[0]], held[others[1]]
+        masks = self._masks
         for h in block_hashes:
-            if h not in held:
+            if h not in mine:
                 continue
-            held.discard(h)
-            m = d[h] & ~bit
+            mine.discard(h)
+            m = masks[h] & mine_all | keep[h in in_a, h in in_b]
             if m:
-                d[h] = m
+                masks[h] = m
             else:
-                del d[h]
-            if other is not None and not other.get(h, 0) & bit:
-                lm = loc[h] & ~bit
-                if lm:
-                    loc[h] = lm
-                else:
-                    del loc[h]
+                del masks[h]
 
     def clear(self, holder: InstanceId, tier: Tier | None = None) -> None:
         """Drop every block of ``holder`` (in ``tier``, or in all tiers)."""
@@ -168,67 +207,75 @@ class PrefixIndex:
 
     def holders_of(self, block_hash: BlockHash) -> dict[InstanceId, tuple[Tier, ...]]:
         """Every holder of ``block_hash`` with its tiers (for reports and tests)."""
+        anyone = self._masks.get(block_hash, 0) & ((1 << self._width) - 1)
         out: dict[InstanceId, list[Tier]] = {}
         for t in _TIERS:
-            for slot in _bits(self._tier[t].get(block_hash, 0)):
+            for slot in _bits(anyone):
                 name = self._names[slot]
-                assert name is not None
-                out.setdefault(name, []).append(t)
+                if name is not None and block_hash in self._held[slot][t]:
+                    out.setdefault(name, []).append(t)
         return {k: tuple(v) for k, v in out.items()}
 
     def match(self, block_hashes: Sequence[BlockHash]) -> PrefixMatch:
         """Per-holder prefix depths of ``block_hashes``; see :class:`PrefixMatch`."""
         n = len(block_hashes)
-        names = self._names
-        local_get = self._local.get
-        gpu_get = self._tier[Tier.GPU].get
-        store = self._tier[Tier.STORE]
-        store_get = store.get
-        local_depth: dict[InstanceId, int] = {}
-        gpu_depth: dict[InstanceId, int] = {}
-        best = 0
-        best_mask = 0
-        union = -1
-        if n == 0:
-            return PrefixMatch(0, local_depth, gpu_depth, 0, (), 0)
-        h0 = block_hashes[0]
-        a_loc = local_get(h0, 0)
-        a_gpu = gpu_get(h0, 0)
-        a_any = a_loc | store_get(h0, 0) if store else a_loc
-        if not a_any:
-            return PrefixMatch(n, local_depth, gpu_depth, 0, (), 0)
-        pos = 1
-        while pos < n and (a_any or union < 0):
-            h = block_hashes[pos]
-            m_loc = local_get(h, 0)
-            m_any = m_loc | store_get(h, 0) if store else m_loc
-            if union < 0 and not m_any:
-                union = pos
-            if a_loc:
-                nl = a_loc & m_loc
-                if nl != a_loc:
-                    for s in _bits(a_loc ^ nl):
-                        local_depth[names[s]] = pos  # type: ignore[index]
-                    a_loc = nl
-            if a_gpu:
-                ng = a_gpu & gpu_get(h, 0)
-                if ng != a_gpu:
-                    for s in _bits(a_gpu ^ ng):
-                        gpu_depth[names[s]] = pos  # type: ignore[index]
-                    a_gpu = ng
-            if a_any:
-                na = a_any & m_any
-                if not na:
-                    best, best_mask = pos, a_any
-                a_any = na
-            pos += 1
-        if union < 0:
-            union = pos
-        for s in _bits(a_loc):
-            local_depth[names[s]] = pos  # type: ignore[index]
-        for s in _bits(a_gpu):
-            gpu_depth[names[s]] = pos  # type: ignore[index]
-        if a_any:
-            best, best_mask = pos, a_any
-        holders = tuple(names[s] for s in _bits(best_mask))
-        return PrefixMatch(n, local_depth, gpu_depth, best, holders, union)  # type: ignore[arg-type]
+        masks = list(map(self._masks.get, block_hashes, repeat(0)))
+        # union: leading blocks held by someone (a packed mask is 0 iff its any field is)
+        union = masks.index(0) if 0 in masks else n
+        if not union:
+            return PrefixMatch(n, {}, {}, 0, (), 0)
+        # acc[k]: per field, the holders of blocks 0..k; it only ever loses bits
+        acc = list(accumulate(islice(masks, union), and_))
+        # the any field empties with the whole mask (GPU bits imply local bits imply any)
+        best = acc.index(0) if not acc[-1] else union
+        w = self._width
+        field = (1 << w) - 1
+        return PrefixMatch(
+            n,
+            self._depths(acc, w, field),
+            self._depths(acc, 2 * w, field),
+            best,
+            self._holders_in(acc[best - 1] & field),
+            union,
+        )
+
+    def _depths(self, acc: list[int], shift: int, field: int) -> dict[InstanceId, int]:
+        """Per-holder depths in the field at ``shift`` of a running AND: holder ``s`` holds
+        blocks ``0..k`` iff its bit is set in that field of ``acc[k]``. Holders come in
+        order of depth, then slot.
+
+        The field of ``acc[p]`` differs from the current set ``cur`` nowhere before the
+        set's first change and everywhere after it, so ``bisect`` finds each change with
+        ``O(log n)`` compares.
+        """
+        out: dict[InstanceId, int] = {}
+        end = len(acc)
+        cur = (acc[0] >> shift) & field
+        pos = 0
+        while cur:
+            if (acc[-1] >> shift) & field == cur:  # the rest hold to the end
+                pos = end
+            elif (acc[pos + 1] >> shift) & field != cur:  # some drop right away
+                pos += 1
+            else:
+
+                def changed(m: int, c: int = cur) -> bool:
+                    return (m >> shift) & field != c
+
+                pos = bisect_left(acc, True, pos + 2, end, key=changed)
+            nxt = (acc[pos] >> shift) & field if pos < end else 0
+            out.update(dict.fromkeys(self._holders_in(cur ^ nxt), pos))
+            cur = nxt
+        return out
+
+    def _holders_in(self, mask: int) -> tuple[InstanceId, ...]:
+        """The holders of the bits of ``mask``, in slot order (memoised: masks repeat)."""
+        memo = self._mask_names
+        holders = memo.get(mask)
+        if holders is None:
+            if len(memo) >= _MASK_MEMO_SIZE:
+                memo.clear()
+            names = self._names
+            holders = tuple(h for s in _bits(mask) if (h := names[s]) is not None)
+            memo[mask] = holders
+        return holders
