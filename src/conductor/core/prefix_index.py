@@ -4,33 +4,34 @@ A *holder* is a prefill/decode instance or a store node of the shared KV pool. E
 gets a bit slot. For every block hash the index keeps one packed integer with three masks
 of ``W`` bits each (``W``, the field width, is a power of two above the highest slot):
 
-* bits ``[0, W)``: *any* tier (GPU, DRAM or STORE: the holder can serve the block);
-* bits ``[W, 2W)``: *local* (GPU or DRAM: an instance reuses it without a network fetch);
+* bits ``[0, W)``: *local* (GPU or DRAM: an instance reuses it without a network fetch);
+* bits ``[W, 2W)``: *any* tier (GPU, DRAM or STORE: the holder can serve the block);
 * bits ``[2W, 3W)``: *GPU* alone.
 
 Matching a request looks each block up once and ANDs the packed masks (the three fields
 stay independent under ``&``); a holder's depth in a field is where its bit first drops out.
-The per-block work runs in C iterators (``map`` of ``dict.get``, ``accumulate`` of ``&``);
-Python code runs only where holders drop out, found by bisection since the running AND
-only ever loses bits. The cost is ``O(prefix length + holders)`` dictionary lookups and
-integer operations, independent of how many blocks the index holds. Ingest ORs one packed
-mask per block, also in C.
+The per-block work runs in C (``map`` of ``dict.get``, ``accumulate`` of ``&``). The running
+AND only ever loses bits, so each field of it is a non-increasing sequence of integers and
+the end of each run is found by ``bisect`` (with a C-level key); Python code runs once per
+run, i.e. per point where holders drop out. The cost is ``O(prefix length + holders)``
+dictionary lookups and integer operations, independent of how many blocks the index holds.
 
 Invariants (asserted by the tests against a brute-force reference):
 
 * ``_held[slot][t]`` is the set of blocks ``slot`` holds in tier ``t``;
-* bit ``slot`` of the any / local / GPU field of ``_masks[h]`` is set iff ``h`` is in
-  ``_held[slot][t]`` for some ``t`` / for ``t`` in (GPU, DRAM) / for ``t`` = GPU;
+* bit ``slot`` of the local / any / GPU field of ``_masks[h]`` is set iff ``h`` is in
+  ``_held[slot][t]`` for ``t`` in (GPU, DRAM) / for some ``t`` / for ``t`` = GPU;
 * no mask stored is 0, so a GPU bit implies the local bit, and a local bit the any bit;
 * a slot is reused only after its holder was removed and all its bits cleared;
-* ``_mask_names[m]`` is the holders of the bits of ``m`` in slot order (a memo, emptied
-  whenever a slot changes hands).
+* ``_mask_names[m]`` is the holders of the bits of ``m`` in slot order, and
+  ``_runs[(m, d)]`` maps each of them to ``d`` (memos, emptied whenever a slot changes
+  hands: the same holder sets recur, e.g. everyone holding a shared system prompt).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, islice, repeat
 from operator import and_
@@ -41,6 +42,7 @@ from conductor.core.types import BlockHash, InstanceId, Tier
 _TIERS = (Tier.GPU, Tier.DRAM, Tier.STORE)
 _MIN_WIDTH = 64
 _MASK_MEMO_SIZE = 4096
+_RUN_MEMO_MIN_HOLDERS = 8  # smaller runs are built directly
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +78,7 @@ def _bits(mask: int) -> Iterable[int]:
 class PrefixIndex:
     """Block hash -> holders by tier, fed by KV events; see the module docstring."""
 
-    __slots__ = ("_free", "_held", "_mask_names", "_masks", "_names", "_slots", "_width")
+    __slots__ = ("_free", "_held", "_mask_names", "_masks", "_names", "_runs", "_slots", "_width")
 
     def __init__(self) -> None:
         self._slots: dict[InstanceId, int] = {}
@@ -86,13 +88,14 @@ class PrefixIndex:
         self._masks: dict[int, int] = {}
         self._held: list[tuple[set[int], set[int], set[int]]] = []
         self._mask_names: dict[int, tuple[InstanceId, ...]] = {}
+        self._runs: dict[tuple[int, int], dict[InstanceId, int]] = {}
 
     # -- holders -------------------------------------------------------------------------
     def add_holder(self, holder: InstanceId) -> None:
         """Register ``holder`` (idempotent)."""
         if holder in self._slots:
             return
-        self._mask_names.clear()
+        self._forget_names()
         if self._free:
             slot = min(self._free)
             self._free.remove(slot)
@@ -110,7 +113,7 @@ class PrefixIndex:
         """Forget ``holder`` and every block it held."""
         self.clear(holder)
         slot = self._slots.pop(holder)
-        self._mask_names.clear()
+        self._forget_names()
         self._names[slot] = None
         self._free.append(slot)
 
@@ -133,6 +136,7 @@ class PrefixIndex:
         masks = self._masks
         for h, m in masks.items():
             masks[h] = (m & field) | ((m >> old) & field) << width | (m >> 2 * old) << 2 * width
+        # (fields keep their order: local, any, GPU)
         self._width = width
 
     def _bits_for(self, slot: int, tiers: Iterable[int]) -> int:
@@ -141,9 +145,9 @@ class PrefixIndex:
         w = self._width
         out = 0
         for t in tiers:
-            out |= bit  # any tier
+            out |= bit << w  # any tier
             if t != Tier.STORE:
-                out |= bit << w  # local
+                out |= bit  # local
                 if t == Tier.GPU:
                     out |= bit << 2 * w
         return out
@@ -207,7 +211,8 @@ class PrefixIndex:
 
     def holders_of(self, block_hash: BlockHash) -> dict[InstanceId, tuple[Tier, ...]]:
         """Every holder of ``block_hash`` with its tiers (for reports and tests)."""
-        anyone = self._masks.get(block_hash, 0) & ((1 << self._width) - 1)
+        w = self._width
+        anyone = (self._masks.get(block_hash, 0) >> w) & ((1 << w) - 1)
         out: dict[InstanceId, list[Tier]] = {}
         for t in _TIERS:
             for slot in _bits(anyone):
@@ -230,43 +235,58 @@ class PrefixIndex:
         best = acc.index(0) if not acc[-1] else union
         w = self._width
         field = (1 << w) - 1
+        ascending = acc[::-1]
         return PrefixMatch(
             n,
-            self._depths(acc, w, field),
-            self._depths(acc, 2 * w, field),
+            self._depths(ascending, field.__and__),
+            self._depths(ascending, (2 * w).__rrshift__),
             best,
-            self._holders_in(acc[best - 1] & field),
+            self._holders_in((acc[best - 1] >> w) & field),
             union,
         )
 
-    def _depths(self, acc: list[int], shift: int, field: int) -> dict[InstanceId, int]:
-        """Per-holder depths in the field at ``shift`` of a running AND: holder ``s`` holds
-        blocks ``0..k`` iff its bit is set in that field of ``acc[k]``. Holders come in
-        order of depth, then slot.
+    def _depths(self, ascending: list[int], key: Callable[[int], int]) -> dict[InstanceId, int]:
+        """Per-holder depths from a running AND of packed masks, given in reverse (so its
+        ``key`` field ascends) with ``key`` extracting the field: holder ``s`` holds blocks
+        ``0..k`` iff its bit is set in the field of ``acc[k]``. Holders come in order of
+        depth, then slot.
 
-        The field of ``acc[p]`` differs from the current set ``cur`` nowhere before the
-        set's first change and everywhere after it, so ``bisect`` finds each change with
-        ``O(log n)`` compares.
+        A field only loses bits along ``acc``, so its values never increase; the run of
+        the current value ``cur`` ends at ``end - bisect_left(ascending, cur, key=key)``.
         """
         out: dict[InstanceId, int] = {}
-        end = len(acc)
-        cur = (acc[0] >> shift) & field
-        pos = 0
+        end = len(ascending)
+        cur = key(ascending[-1])  # the field of acc[0]
         while cur:
-            if (acc[-1] >> shift) & field == cur:  # the rest hold to the end
-                pos = end
-            elif (acc[pos + 1] >> shift) & field != cur:  # some drop right away
-                pos += 1
+            stop = end - bisect_left(ascending, cur, key=key)  # first acc index without cur
+            nxt = key(ascending[end - 1 - stop]) if stop < end else 0
+            run = self._run(cur, stop)
+            for h in self._holders_in(nxt):  # these go deeper: listed with a later run
+                del run[h]
+            if out:
+                out.update(run)
             else:
-
-                def changed(m: int, c: int = cur) -> bool:
-                    return (m >> shift) & field != c
-
-                pos = bisect_left(acc, True, pos + 2, end, key=changed)
-            nxt = (acc[pos] >> shift) & field if pos < end else 0
-            out.update(dict.fromkeys(self._holders_in(cur ^ nxt), pos))
+                out = run
             cur = nxt
         return out
+
+    def _run(self, mask: int, depth: int) -> dict[InstanceId, int]:
+        """A new dict mapping the holders of ``mask`` to ``depth``, in slot order (copied
+        from a memo for large sets: a copy is cheaper than building it)."""
+        holders = self._holders_in(mask)
+        if len(holders) < _RUN_MEMO_MIN_HOLDERS:
+            return dict.fromkeys(holders, depth)
+        memo = self._runs
+        run = memo.get((mask, depth))
+        if run is None:
+            if len(memo) >= _MASK_MEMO_SIZE:
+                memo.clear()
+            run = memo[(mask, depth)] = dict.fromkeys(holders, depth)
+        return run.copy()
+
+    def _forget_names(self) -> None:
+        self._mask_names.clear()
+        self._runs.clear()
 
     def _holders_in(self, mask: int) -> tuple[InstanceId, ...]:
         """The holders of the bits of ``mask``, in slot order (memoised: masks repeat)."""

@@ -18,34 +18,50 @@ def predicted_tbt_s(ctx: SchedulingContext, inst: InstanceState) -> float:
 
 
 def has_room(ctx: SchedulingContext, inst: InstanceState) -> bool:
-    d = inst.decode
     need = ctx.request.prompt_tokens + ctx.request.output_tokens
+    return _room_for(inst, need, ctx.cost.kv_capacity_tokens, ctx.cost.max_batch_size)
+
+
+def _room_for(inst: InstanceState, need: int, default_kv: int, default_batch: int) -> bool:
+    """KV room for ``need`` more tokens and a free batch slot (spec limits, else defaults)."""
+    d = inst.decode
     spec = inst.spec
-    cap = (
-        spec.kv_capacity_tokens
-        if spec.kv_capacity_tokens is not None
-        else ctx.cost.kv_capacity_tokens
-    )
-    batch = spec.max_batch_size if spec.max_batch_size is not None else ctx.cost.max_batch_size
+    cap = spec.kv_capacity_tokens if spec.kv_capacity_tokens is not None else default_kv
+    batch = spec.max_batch_size if spec.max_batch_size is not None else default_batch
     return d.kv_reserved_tokens + need <= cap and d.batch_size < batch
 
 
 def least_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
+    """The lowest predicted TBT among instances with room, the first on ties; else the
+    lowest among all (``fits`` False). Only the returned choice object is built."""
     del prefill
-    slo = ctx.request.tbt_slo_s or ctx.config.tbt_slo_s
-    best: DecodeChoice | None = None
-    fallback: DecodeChoice | None = None
+    req = ctx.request
+    slo = req.tbt_slo_s or ctx.config.tbt_slo_s
+    prompt = req.prompt_tokens
+    need = prompt + req.output_tokens
+    cost = ctx.cost
+    step_s = cost.decode_step_s
+    default_kv = cost.kv_capacity_tokens
+    default_batch = cost.max_batch_size
+    best: InstanceState | None = None
+    best_tbt = 0.0
+    fallback: InstanceState | None = None
+    fallback_tbt = 0.0
     for inst in ctx.decode_pool:
-        tbt = predicted_tbt_s(ctx, inst)
-        if has_room(ctx, inst):
-            if best is None or tbt < best.tbt_s:
-                best = DecodeChoice(inst.spec.instance_id, tbt, tbt <= slo)
-        elif fallback is None or tbt < fallback.tbt_s:
-            fallback = DecodeChoice(inst.spec.instance_id, tbt, False)
+        if _room_for(inst, need, default_kv, default_batch):
+            d = inst.decode
+            tbt = step_s(d.batch_size + 1, d.context_tokens + prompt)  # predicted_tbt_s
+            if best is None or tbt < best_tbt:
+                best, best_tbt = inst, tbt
+        elif best is None:  # the fallback only matters while no instance has room
+            d = inst.decode
+            tbt = step_s(d.batch_size + 1, d.context_tokens + prompt)
+            if fallback is None or tbt < fallback_tbt:
+                fallback, fallback_tbt = inst, tbt
     if best is not None:
-        return best
+        return DecodeChoice(best.spec.instance_id, best_tbt, best_tbt <= slo)
     assert fallback is not None, "decode pool is empty"
-    return fallback
+    return DecodeChoice(fallback.spec.instance_id, fallback_tbt, False)
 
 
 class LeastTbtDecode:
