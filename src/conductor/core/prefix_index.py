@@ -42,7 +42,7 @@ from conductor.core.types import BlockHash, InstanceId, Tier
 _TIERS = (Tier.GPU, Tier.DRAM, Tier.STORE)
 _MIN_WIDTH = 64
 _MASK_MEMO_SIZE = 4096
-_RUN_MEMO_MIN_HOLDERS = 8  # smaller runs are built directly
+_RUN_MEMO_MIN_HOLDERS = 8  # runs of fewer holders are built directly
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,13 +235,14 @@ class PrefixIndex:
         best = acc.index(0) if not acc[-1] else union
         w = self._width
         field = (1 << w) - 1
-        ascending = acc[::-1]
+        best_holders = self._holders_in((acc[best - 1] >> w) & field)
+        acc.reverse()  # each field ascends now
         return PrefixMatch(
             n,
-            self._depths(ascending, field.__and__),
-            self._depths(ascending, (2 * w).__rrshift__),
+            self._depths(acc, field.__and__),
+            self._depths(acc, (2 * w).__rrshift__),
             best,
-            self._holders_in((acc[best - 1] >> w) & field),
+            best_holders,
             union,
         )
 
@@ -260,9 +261,13 @@ class PrefixIndex:
         while cur:
             stop = end - bisect_left(ascending, cur, key=key)  # first acc index without cur
             nxt = key(ascending[end - 1 - stop]) if stop < end else 0
-            run = self._run(cur, stop)
-            for h in self._holders_in(nxt):  # these go deeper: listed with a later run
-                del run[h]
+            gone = cur ^ nxt
+            if gone.bit_count() < _RUN_MEMO_MIN_HOLDERS:
+                run = dict.fromkeys(self._holders_in(gone), stop)
+            else:  # e.g. all but a few holders of a shared first block: copy, then remove
+                run = self._run(cur, stop)
+                for h in self._holders_in(nxt):  # these go deeper: listed with a later run
+                    del run[h]
             if out:
                 out.update(run)
             else:
@@ -272,16 +277,13 @@ class PrefixIndex:
 
     def _run(self, mask: int, depth: int) -> dict[InstanceId, int]:
         """A new dict mapping the holders of ``mask`` to ``depth``, in slot order (copied
-        from a memo for large sets: a copy is cheaper than building it)."""
-        holders = self._holders_in(mask)
-        if len(holders) < _RUN_MEMO_MIN_HOLDERS:
-            return dict.fromkeys(holders, depth)
+        from a memo: the same large holder sets recur, and a copy is cheaper than a build)."""
         memo = self._runs
         run = memo.get((mask, depth))
         if run is None:
             if len(memo) >= _MASK_MEMO_SIZE:
                 memo.clear()
-            run = memo[(mask, depth)] = dict.fromkeys(holders, depth)
+            run = memo[(mask, depth)] = dict.fromkeys(self._holders_in(mask), depth)
         return run.copy()
 
     def _forget_names(self) -> None:

@@ -18,22 +18,22 @@ def predicted_tbt_s(ctx: SchedulingContext, inst: InstanceState) -> float:
 
 
 def has_room(ctx: SchedulingContext, inst: InstanceState) -> bool:
-    need = ctx.request.prompt_tokens + ctx.request.output_tokens
-    return _room_for(inst, need, ctx.cost.kv_capacity_tokens, ctx.cost.max_batch_size)
-
-
-def _room_for(inst: InstanceState, need: int, default_kv: int, default_batch: int) -> bool:
-    """KV room for ``need`` more tokens and a free batch slot (spec limits, else defaults)."""
     d = inst.decode
+    need = ctx.request.prompt_tokens + ctx.request.output_tokens
     spec = inst.spec
-    cap = spec.kv_capacity_tokens if spec.kv_capacity_tokens is not None else default_kv
-    batch = spec.max_batch_size if spec.max_batch_size is not None else default_batch
+    cap = (
+        spec.kv_capacity_tokens
+        if spec.kv_capacity_tokens is not None
+        else ctx.cost.kv_capacity_tokens
+    )
+    batch = spec.max_batch_size if spec.max_batch_size is not None else ctx.cost.max_batch_size
     return d.kv_reserved_tokens + need <= cap and d.batch_size < batch
 
 
 def least_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
     """The lowest predicted TBT among instances with room, the first on ties; else the
-    lowest among all (``fits`` False). Only the returned choice object is built."""
+    lowest among all (``fits`` False). The loop inlines :func:`predicted_tbt_s` and
+    :func:`has_room` (same formulas) and builds only the returned choice object."""
     del prefill
     req = ctx.request
     slo = req.tbt_slo_s or ctx.config.tbt_slo_s
@@ -48,14 +48,22 @@ def least_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
     fallback: InstanceState | None = None
     fallback_tbt = 0.0
     for inst in ctx.decode_pool:
-        if _room_for(inst, need, default_kv, default_batch):
-            d = inst.decode
-            tbt = step_s(d.batch_size + 1, d.context_tokens + prompt)  # predicted_tbt_s
+        d = inst.decode
+        spec = inst.spec
+        batch = d.batch_size
+        kv = spec.kv_capacity_tokens
+        if kv is None:
+            kv = default_kv
+        most = spec.max_batch_size
+        if most is None:
+            most = default_batch
+        room = d.kv_reserved_tokens + need <= kv and batch < most
+        if room:
+            tbt = step_s(batch + 1, d.context_tokens + prompt)
             if best is None or tbt < best_tbt:
                 best, best_tbt = inst, tbt
         elif best is None:  # the fallback only matters while no instance has room
-            d = inst.decode
-            tbt = step_s(d.batch_size + 1, d.context_tokens + prompt)
+            tbt = step_s(batch + 1, d.context_tokens + prompt)
             if fallback is None or tbt < fallback_tbt:
                 fallback, fallback_tbt = inst, tbt
     if best is not None:

@@ -36,52 +36,49 @@ class MooncakePolicy:
     def choose_prefill(self, ctx: SchedulingContext) -> PrefillChoice:
         """``argmin_i TTFT_i``, the first on ties.
 
-        Candidates are compared by their float TTFT, summed in the order of
-        :attr:`PrefillChoice.ttft_s` (queue + transfer + prefill) from the estimators of
-        ``ctx.local_choice`` / ``ctx.fetch_choice``; the cost-model calls are memoised for
-        this request (most instances share a local prefix length). Only the winner's choice
-        object is built, by those same methods, so the plan is the one ``argmin_ttft`` over
-        every candidate's choice would give.
+        ``TTFT_i - T_queue(i)`` depends only on the instance's local prefix (in blocks), its
+        NIC and whether it is the sole holder of the best prefix (then there is nothing to
+        fetch), so it is computed once per such class and memoised; most instances share
+        one. Candidates are compared by their float TTFT, summed in the order of
+        :attr:`PrefillChoice.ttft_s` with the estimators of ``ctx.local_choice`` /
+        ``ctx.fetch_choice``. Only the winner's choice object is built, by those methods,
+        so the plan is the one ``argmin_ttft`` over every candidate's choice would give.
         """
-        best = ctx.best_tokens()
-        thr = ctx.config.kvcache_balancing_threshold
         now = ctx.now_s
-        prompt = ctx.request.prompt_tokens
-        cost = ctx.cost
-        tokens = ctx.tokens
         local_blocks = ctx.match.local_blocks.get
-        holders = ctx.match.best_holders  # non-empty whenever best > 0
-        local_prefill: dict[int, float] = {}  # T_prefill(len, local) by local tokens
-        transfer: dict[tuple[int, float | None], float] = {}  # T_transfer by (tokens, NIC)
-        fetch_prefill: float | None = None  # T_prefill(len, best)
+        holders = ctx.match.best_holders
+        sole = holders[0] if len(holders) == 1 else None
+        rest: dict[tuple[int, float | None, bool], tuple[float, float, bool]] = {}
         winner: InstanceState | None = None
         winner_ttft = 0.0
         winner_fetches = False
         for inst in ctx.prefill_pool:
             spec = inst.spec
             iid = spec.instance_id
-            local = tokens(local_blocks(iid, 0))
-            queue = inst.prefill.queue_s(now)
-            # fetch_choice's condition: the ratio rule, a source other than iid, more to gain
-            fetches = (
-                wants_fetch(best, local, thr)
-                and local < best
-                and (holders[0] != iid or len(holders) > 1)
-            )
-            if fetches:
-                key = (best - local, spec.nic_bytes_per_s)
-                moved = transfer.get(key)
-                if moved is None:
-                    moved = transfer[key] = cost.transfer_s(*key)
-                if fetch_prefill is None:
-                    fetch_prefill = cost.prefill_s(prompt, best)
-                ttft = queue + moved + fetch_prefill
-            else:
-                compute = local_prefill.get(local)
-                if compute is None:
-                    compute = local_prefill[local] = cost.prefill_s(prompt, local)
-                ttft = queue + compute  # + 0.0 transfer: exact
+            key = (local_blocks(iid, 0), spec.nic_bytes_per_s, iid == sole)
+            est = rest.get(key)
+            if est is None:
+                est = rest[key] = _estimate(ctx, *key)
+            transfer, compute, fetches = est
+            ttft = inst.prefill.queue_s(now) + transfer + compute
             if winner is None or ttft < winner_ttft:
                 winner, winner_ttft, winner_fetches = inst, ttft, fetches
         assert winner is not None, "prefill pool is empty"
         return ctx.fetch_choice(winner) if winner_fetches else ctx.local_choice(winner)
+
+
+def _estimate(
+    ctx: SchedulingContext, local_blocks: int, nic_bytes_per_s: float | None, sole_holder: bool
+) -> tuple[float, float, bool]:
+    """``(T_transfer, T_prefill, fetches)`` of an instance with ``local_blocks`` cached:
+    Algorithm 1's branch, as ``ctx.fetch_choice`` / ``ctx.local_choice`` compute it."""
+    local = ctx.tokens(local_blocks)
+    best = ctx.best_tokens()
+    # fetch_choice falls back to local when there is no other source or nothing to gain
+    if (
+        wants_fetch(best, local, ctx.config.kvcache_balancing_threshold)
+        and not sole_holder
+        and local < best
+    ):
+        return ctx.cost.transfer_s(best - local, nic_bytes_per_s), ctx.prefill_s(best), True
+    return 0.0, ctx.prefill_s(local), False
