@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill", type=int, default=16)
     ap.add_argument("--decode", type=int, default=16)
     ap.add_argument("--policy", default="mooncake")
-    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--requests", type=int, default=2000, help="timed requests per run")
+    ap.add_argument("--warmup", type=int, default=100, help="untimed requests first")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sweep", action="store_true", help="sweep sizes (same count each side)")
     ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)))
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             args.decode,
             policy=args.policy,
             requests=args.requests,
+            warmup=args.warmup,
             seed=args.seed,
             rows=rows,
         )
@@ -78,13 +80,20 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(s) for s in args.sizes.split(",")):
         results.append(
             run_decision_bench(
-                n, n, policy=args.policy, requests=args.requests, seed=args.seed, rows=rows
+                n,
+                n,
+                policy=args.policy,
+                requests=args.requests,
+                warmup=args.warmup,
+                seed=args.seed,
+                rows=rows,
             )
         )
         print(f"  {n}+{n} done ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     print(
-        f"decision benchmark sweep: policy {args.policy}, {args.requests} requests per size, "
-        f"seed {args.seed}; buckets are prompt lengths in 512-token blocks"
+        f"decision benchmark sweep: policy {args.policy}, {args.requests} timed requests per "
+        f"size after {args.warmup} untimed, seed {args.seed}; buckets are prompt lengths in "
+        "512-token blocks"
     )
     print(sweep_table(results))
     if args.json:

@@ -38,11 +38,12 @@ def rows():  # type: ignore[no-untyped-def]
 
 
 def test_small_run_structure_and_counts(rows) -> None:  # type: ignore[no-untyped-def]
-    r = run_decision_bench(4, 4, requests=200, seed=3, rows=rows)
+    r = run_decision_bench(4, 4, requests=200, warmup=20, seed=3, rows=rows)
     d = r.to_json()
     assert set(d) >= KEYS
     json.dumps(d)  # serialisable
     assert (d["prefill"], d["decode"], d["policy"], d["requests"]) == (4, 4, "mooncake", 200)
+    assert d["warmup_requests"] == 20
     assert r.plans + r.rejections == 200 and r.rejections == 0  # admission is off
     assert 0 <= r.fetches <= r.plans
 
@@ -59,7 +60,7 @@ def test_small_run_structure_and_counts(rows) -> None:  # type: ignore[no-untype
     assert 0 < r.p50_us <= r.p99_us <= r.max_us
     assert r.p50_us <= r.max_us and 0 < r.mean_us <= r.max_us
     assert sum(b.count for b in r.by_blocks) == 200
-    reqs = trace_requests(rows, 200)
+    reqs = trace_requests(rows, 220)[20:]  # the timed ones follow the warm-up
     for b in r.by_blocks:
         assert b.count == sum(1 for q in reqs if bucket_of(len(q.block_hashes)) == b.bucket)
         assert 0 < b.p50_us <= b.p99_us
@@ -82,7 +83,7 @@ def test_requests_cycle_past_the_trace(rows) -> None:  # type: ignore[no-untyped
     assert [q.request_id for q in reqs] == [f"r{i}" for i in range(12)]
     assert reqs[5].block_hashes == few[0].hash_ids
     assert reqs[5].arrival_s > reqs[4].arrival_s
-    r = run_decision_bench(2, 2, requests=12, rows=few, policy="round_robin")
+    r = run_decision_bench(2, 2, requests=12, warmup=0, rows=few, policy="round_robin")
     assert r.requests == 12 and r.plans == 12 and r.policy == "round_robin"
 
 

@@ -5,11 +5,15 @@ index ingests KV events, on the bundled Mooncake conversation trace.
    seeded RNG, each copy as one :class:`BlocksStored` event in the GPU or DRAM tier, fed
    through :meth:`Conductor.on_event`. The ingest rate is block hashes (one *block event*
    each) per second of ``on_event`` time.
-2. **Decide**: the first ``requests`` rows (cycling through the trace if more are asked for)
-   are scheduled in arrival order; only ``schedule()`` is timed, one ``perf_counter_ns``
-   pair per call. Every ``finish_every`` decisions the oldest in-flight requests get their
-   :class:`PrefillFinished` and :class:`RequestFinished` events (untimed) until at most
-   ``inflight_per_decode`` requests per decode instance remain, so queues stay bounded.
+2. **Decide**: the first ``warmup + requests`` rows (cycling through the trace if more are
+   asked for) are scheduled in arrival order; only ``schedule()`` is timed, one
+   ``perf_counter_ns`` pair per call, and the first ``warmup`` calls (cold memos and
+   interpreter caches) are left out of the figures. Every ``finish_every`` decisions the
+   oldest in-flight requests get their :class:`PrefillFinished` and
+   :class:`RequestFinished` events (untimed) until at most ``inflight_per_decode``
+   requests per decode instance remain, so queues stay bounded. The garbage collector stays
+   on; what exists before the timed loop (trace, index) is moved out of its way with
+   ``gc.freeze()``, as a long-running service would do.
 
 This is a shell around the core (it reads files and the clock); figures are printed by the
 CLI (``conductor bench decision``) and by ``bench/decision.py``, never asserted in tests.
@@ -103,6 +107,7 @@ class DecisionBenchResult:
     decode: int
     policy: str
     requests: int
+    warmup_requests: int
     p50_us: float
     p99_us: float
     mean_us: float
@@ -124,6 +129,7 @@ class DecisionBenchResult:
             "decode": self.decode,
             "policy": self.policy,
             "requests": self.requests,
+            "warmup_requests": self.warmup_requests,
             "p50_us": self.p50_us,
             "p99_us": self.p99_us,
             "mean_us": self.mean_us,
@@ -231,6 +237,7 @@ def run_decision_bench(
     *,
     policy: str = "mooncake",
     requests: int = 2000,
+    warmup: int = 100,
     seed: int = 0,
     preset_name: str = DEFAULT_PRESET,
     finish_every: int = 8,
@@ -241,13 +248,14 @@ def run_decision_bench(
     ``schedule()`` on ``requests`` trace requests; see the module docstring."""
     if n_prefill < 1 or n_decode < 1:
         raise ValueError("need at least one prefill and one decode instance")
-    if requests < 1:
-        raise ValueError("requests must be >= 1")
+    if requests < 1 or warmup < 0:
+        raise ValueError("requests must be >= 1 and warmup >= 0")
     trace = rows if rows is not None else load_trace()
     conductor = make_cluster(n_prefill, n_decode, policy=policy, preset_name=preset_name, seed=seed)
     events = warm_events(trace, n_prefill, seed)
     block_events = sum(len(e.block_hashes) for e in events)
-    reqs = trace_requests(trace, requests)
+    all_reqs = trace_requests(trace, warmup + requests)
+    reqs = all_reqs[warmup:]
 
     # Long-lived objects (trace, index) go to the permanent generation so that the collector
     # does not walk them during the timed loop; it still runs for what schedule() allocates.
@@ -256,7 +264,7 @@ def run_decision_bench(
     try:
         ingest_s = ingest(conductor, events)
         samples_ns, plans, fetches = _time_schedule(
-            conductor, reqs, finish_every, max(1, inflight_per_decode * n_decode)
+            conductor, all_reqs, warmup, finish_every, max(1, inflight_per_decode * n_decode)
         )
     finally:
         gc.unfreeze()
@@ -284,6 +292,7 @@ def run_decision_bench(
         decode=n_decode,
         policy=policy,
         requests=len(reqs),
+        warmup_requests=warmup,
         p50_us=percentile(srt, 50),
         p99_us=percentile(srt, 99),
         mean_us=sum(srt) / len(srt),
@@ -302,10 +311,14 @@ def run_decision_bench(
 
 
 def _time_schedule(
-    conductor: Conductor, reqs: Sequence[Request], finish_every: int, max_inflight: int
+    conductor: Conductor,
+    reqs: Sequence[Request],
+    warmup: int,
+    finish_every: int,
+    max_inflight: int,
 ) -> tuple[list[int], int, int]:
-    """Schedule ``reqs`` in order, timing each ``schedule()``; returns (ns per call, plans,
-    plans with a remote fetch)."""
+    """Schedule ``reqs`` in order, timing each ``schedule()``; returns, for the calls after
+    the first ``warmup``: ns per call, plans, plans with a remote fetch."""
     schedule = conductor.schedule
     on_event = conductor.on_event
     clock = time.perf_counter_ns
@@ -317,11 +330,13 @@ def _time_schedule(
         t0 = clock()
         decision = schedule(req, now)
         t1 = clock()
-        samples.append(t1 - t0)
         if isinstance(decision, Plan):
-            plans += 1
-            fetches += decision.fetch is not None
             inflight.append(decision)
+        if i >= warmup:
+            samples.append(t1 - t0)
+            if isinstance(decision, Plan):
+                plans += 1
+                fetches += decision.fetch is not None
         if (i + 1) % finish_every == 0:
             while len(inflight) > max_inflight:
                 p = inflight.popleft()
@@ -337,8 +352,8 @@ def format_result(r: DecisionBenchResult) -> str:
         f"preset {r.preset}, seed {r.seed}",
         f"ingest: {r.ingest_events} events, {r.ingest_block_events} block events in "
         f"{r.ingest_s * 1e3:.1f} ms = {r.ingest_block_events_per_s:,.0f} block events/s",
-        f"schedule(): {r.requests} requests ({r.plans} plans, {r.rejections} rejections, "
-        f"{r.fetches} with a remote fetch)",
+        f"schedule(): {r.requests} requests after {r.warmup_requests} untimed ({r.plans} plans, "
+        f"{r.rejections} rejections, {r.fetches} with a remote fetch)",
         "",
         f"{'blocks':>8} {'count':>7} {'p50 us':>9} {'p99 us':>9} {'mean us':>9}",
     ]

@@ -21,7 +21,8 @@ def decision(
     prefill: Annotated[int, typer.Option(min=1, help="Prefill instances.")] = 16,
     decode: Annotated[int, typer.Option(min=1, help="Decode instances.")] = 16,
     policy: Annotated[str, typer.Option(help="Prefill policy name.")] = "mooncake",
-    requests: Annotated[int, typer.Option(min=1, help="Requests to schedule.")] = 2000,
+    requests: Annotated[int, typer.Option(min=1, help="Requests to time.")] = 2000,
+    warmup: Annotated[int, typer.Option(min=0, help="Untimed requests scheduled first.")] = 100,
     seed: Annotated[int, typer.Option(help="Seed of block placement and scheduler.")] = 0,
     preset: Annotated[str, typer.Option(help="Cost-model preset.")] = DEFAULT_PRESET,
     json_path: Annotated[
@@ -35,7 +36,13 @@ def decision(
         raise typer.BadParameter(f"unknown preset; known: {', '.join(sorted(PRESETS))}")
     try:
         result = run_decision_bench(
-            prefill, decode, policy=policy, requests=requests, seed=seed, preset_name=preset
+            prefill,
+            decode,
+            policy=policy,
+            requests=requests,
+            warmup=warmup,
+            seed=seed,
+            preset_name=preset,
         )
     except ConductorError as exc:
         typer.echo(f"error: {exc}", err=True)
