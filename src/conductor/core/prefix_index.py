@@ -41,7 +41,8 @@ from conductor.core.types import BlockHash, InstanceId, Tier
 
 _TIERS = (Tier.GPU, Tier.DRAM, Tier.STORE)
 _MIN_WIDTH = 64
-_MASK_MEMO_SIZE = 4096
+_MASK_MEMO_SIZE = 4096  # entries: holder-name tuples, mostly short
+_RUN_MEMO_SIZE = 256  # entries: dicts of at least _RUN_MEMO_MIN_HOLDERS holders
 _RUN_MEMO_MIN_HOLDERS = 8  # runs of fewer holders are built directly
 
 
@@ -281,7 +282,7 @@ class PrefixIndex:
         memo = self._runs
         run = memo.get((mask, depth))
         if run is None:
-            if len(memo) >= _MASK_MEMO_SIZE:
+            if len(memo) >= _RUN_MEMO_SIZE:
                 memo.clear()
             run = memo[(mask, depth)] = dict.fromkeys(self._holders_in(mask), depth)
         return run.copy()
