@@ -21,7 +21,7 @@ from conductor.bench_decision import (
     DecisionBenchResult,
     format_result,
     load_trace,
-    run_decision_bench,
+    run_repeated,
 )
 
 DEFAULT_SIZES = (4, 8, 16, 32, 64, 128)
@@ -30,7 +30,7 @@ DEFAULT_SIZES = (4, 8, 16, 32, 64, 128)
 def sweep_table(results: list[DecisionBenchResult]) -> str:
     names = [name for name, _ in BUCKETS]
     head = f"{'P+D':>9} {'p50 us':>8} {'p99 us':>8} {'mean us':>8} {'ingest ev/s':>12}"
-    head += "".join(f" {n + ' p50/p99':>17}" for n in names)
+    head += "".join(f" {n + ' p50/p99':>17}" for n in names) + "  p99 of each run"
     lines = [head]
     for r in results:
         per = {b.bucket: b for b in r.by_blocks}
@@ -42,6 +42,7 @@ def sweep_table(results: list[DecisionBenchResult]) -> str:
             b = per.get(n)
             cell = f"{b.p50_us:.0f}/{b.p99_us:.0f}" if b else "-"
             row += f" {cell:>17}"
+        row += "  " + "/".join(f"{p:.0f}" for p in r.p99_us_runs)
         lines.append(row)
     return "\n".join(lines)
 
@@ -51,19 +52,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill", type=int, default=16)
     ap.add_argument("--decode", type=int, default=16)
     ap.add_argument("--policy", default="mooncake")
-    ap.add_argument("--requests", type=int, default=2000, help="timed requests per run")
+    ap.add_argument("--requests", type=int, default=5000, help="timed requests per run")
     ap.add_argument("--warmup", type=int, default=100, help="untimed requests first")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--repeat", type=int, default=None, help="runs per size, median-p99 run kept (1; sweep 3)"
+    )
     ap.add_argument("--sweep", action="store_true", help="sweep sizes (same count each side)")
     ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)))
     ap.add_argument("--json", type=Path, default=None, help="write the result(s) as JSON")
     args = ap.parse_args(argv)
 
     rows = load_trace()
+    repeat = args.repeat or (3 if args.sweep else 1)
     if not args.sweep:
-        result = run_decision_bench(
+        result = run_repeated(
             args.prefill,
             args.decode,
+            repeat=repeat,
             policy=args.policy,
             requests=args.requests,
             warmup=args.warmup,
@@ -79,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for n in (int(s) for s in args.sizes.split(",")):
         results.append(
-            run_decision_bench(
+            run_repeated(
                 n,
                 n,
+                repeat=repeat,
                 policy=args.policy,
                 requests=args.requests,
                 warmup=args.warmup,
@@ -92,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {n}+{n} done ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     print(
         f"decision benchmark sweep: policy {args.policy}, {args.requests} timed requests per "
-        f"size after {args.warmup} untimed, seed {args.seed}; buckets are prompt lengths in "
-        "512-token blocks"
+        f"run after {args.warmup} untimed, seed {args.seed}, the median-p99 run of {repeat} per "
+        "size; buckets are prompt lengths in 512-token blocks"
     )
     print(sweep_table(results))
     if args.json:

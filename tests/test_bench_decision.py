@@ -15,6 +15,7 @@ from conductor.bench_decision import (
     load_trace,
     percentile,
     run_decision_bench,
+    run_repeated,
     trace_requests,
     warm_events,
 )
@@ -85,6 +86,15 @@ def test_requests_cycle_past_the_trace(rows) -> None:  # type: ignore[no-untyped
     assert reqs[5].arrival_s > reqs[4].arrival_s
     r = run_decision_bench(2, 2, requests=12, warmup=0, rows=few, policy="round_robin")
     assert r.requests == 12 and r.plans == 12 and r.policy == "round_robin"
+
+
+def test_repeated_runs_keep_the_median_p99(rows) -> None:  # type: ignore[no-untyped-def]
+    r = run_repeated(2, 2, repeat=3, requests=60, warmup=5, rows=rows)
+    assert r.repeats == 3 and len(r.p99_us_runs) == 3
+    assert r.p99_us == sorted(r.p99_us_runs)[1]
+    assert r.requests == 60 and r.plans == 60
+    d = r.to_json()
+    assert d["repeats"] == 3 and d["p99_us_runs"] == list(r.p99_us_runs)
 
 
 def test_percentile_nearest_rank() -> None:

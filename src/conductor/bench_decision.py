@@ -29,7 +29,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -122,6 +122,8 @@ class DecisionBenchResult:
     preset: str
     seed: int
     by_blocks: tuple[BucketStats, ...] = field(default=())
+    repeats: int = 1
+    p99_us_runs: tuple[float, ...] = field(default=())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -143,6 +145,8 @@ class DecisionBenchResult:
             "fetches": self.fetches,
             "preset": self.preset,
             "seed": self.seed,
+            "repeats": self.repeats,
+            "p99_us_runs": list(self.p99_us_runs or (self.p99_us,)),
             "by_blocks": [
                 {
                     "bucket": b.bucket,
@@ -236,7 +240,7 @@ def run_decision_bench(
     n_decode: int,
     *,
     policy: str = "mooncake",
-    requests: int = 2000,
+    requests: int = 5000,
     warmup: int = 100,
     seed: int = 0,
     preset_name: str = DEFAULT_PRESET,
@@ -310,6 +314,21 @@ def run_decision_bench(
     )
 
 
+def run_repeated(
+    n_prefill: int, n_decode: int, *, repeat: int = 1, **kwargs: Any
+) -> DecisionBenchResult:
+    """:func:`run_decision_bench` ``repeat`` times on fresh clusters; returns the run with
+    the median p99 (decisions are deterministic, so only timings differ between runs), with
+    every run's p99 in ``p99_us_runs``. On a shared machine this damps one-off stalls."""
+    if repeat < 1:
+        raise ValueError("repeat must be >= 1")
+    if "rows" not in kwargs:
+        kwargs["rows"] = load_trace()
+    runs = [run_decision_bench(n_prefill, n_decode, **kwargs) for _ in range(repeat)]
+    chosen = sorted(runs, key=lambda r: r.p99_us)[(repeat - 1) // 2]
+    return replace(chosen, repeats=repeat, p99_us_runs=tuple(r.p99_us for r in runs))
+
+
 def _time_schedule(
     conductor: Conductor,
     reqs: Sequence[Request],
@@ -347,9 +366,13 @@ def _time_schedule(
 
 def format_result(r: DecisionBenchResult) -> str:
     """A small plain-text table of one run."""
+    runs = ""
+    if r.repeats > 1:
+        p99s = ", ".join(f"{p:.0f}" for p in r.p99_us_runs)
+        runs = f"\nrun with the median p99 of {r.repeats} (p99 us: {p99s})"
     lines = [
         f"decision benchmark: {r.prefill} prefill + {r.decode} decode, policy {r.policy}, "
-        f"preset {r.preset}, seed {r.seed}",
+        f"preset {r.preset}, seed {r.seed}{runs}",
         f"ingest: {r.ingest_events} events, {r.ingest_block_events} block events in "
         f"{r.ingest_s * 1e3:.1f} ms = {r.ingest_block_events_per_s:,.0f} block events/s",
         f"schedule(): {r.requests} requests after {r.warmup_requests} untimed ({r.plans} plans, "

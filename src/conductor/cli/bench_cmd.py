@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from conductor.bench_decision import format_result, run_decision_bench
+from conductor.bench_decision import format_result, run_repeated
 from conductor.core.costmodel import DEFAULT_PRESET, PRESETS
 from conductor.core.errors import ConductorError
 from conductor.core.policies import policy_names
@@ -21,8 +21,9 @@ def decision(
     prefill: Annotated[int, typer.Option(min=1, help="Prefill instances.")] = 16,
     decode: Annotated[int, typer.Option(min=1, help="Decode instances.")] = 16,
     policy: Annotated[str, typer.Option(help="Prefill policy name.")] = "mooncake",
-    requests: Annotated[int, typer.Option(min=1, help="Requests to time.")] = 2000,
+    requests: Annotated[int, typer.Option(min=1, help="Requests to time.")] = 5000,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed requests scheduled first.")] = 100,
+    repeat: Annotated[int, typer.Option(min=1, help="Runs; the median-p99 one is shown.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of block placement and scheduler.")] = 0,
     preset: Annotated[str, typer.Option(help="Cost-model preset.")] = DEFAULT_PRESET,
     json_path: Annotated[
@@ -35,9 +36,10 @@ def decision(
     if preset not in PRESETS:
         raise typer.BadParameter(f"unknown preset; known: {', '.join(sorted(PRESETS))}")
     try:
-        result = run_decision_bench(
+        result = run_repeated(
             prefill,
             decode,
+            repeat=repeat,
             policy=policy,
             requests=requests,
             warmup=warmup,
