@@ -171,21 +171,21 @@ class PrefixIndex:
     def _remove_slot(self, slot: int, block_hashes: Iterable[int], tier: Tier) -> None:
         held = self._held[slot]
         mine = held[tier]
-        others = [t for t in _TIERS if t != tier]
-        mine_all = ~self._bits_for(slot, _TIERS)
-        # what the slot keeps of a block, by the other tiers holding it (4 combinations)
+        a, b = (t for t in _TIERS if t != tier)
+        held_a, held_b = held[a], held[b]
+        drop = ~self._bits_for(slot, _TIERS)
+        # the slot's bits a block keeps, by whether the slot still holds it in tier a / b
         keep = {
-            (a, b): self._bits_for(slot, [t for t, k in zip(others, (a, b), strict=True) if k])
-            for a in (False, True)
-            for b in (False, True)
+            (in_a, in_b): self._bits_for(slot, [t for t, k in ((a, in_a), (b, in_b)) if k])
+            for in_a in (False, True)
+            for in_b in (False, True)
         }
-        in_a, in_b = held[others[0]], held[others[1]]
         masks = self._masks
         for h in block_hashes:
             if h not in mine:
                 continue
             mine.discard(h)
-            m = masks[h] & mine_all | keep[h in in_a, h in in_b]
+            m = (masks[h] & drop) | keep[h in held_a, h in held_b]
             if m:
                 masks[h] = m
             else:

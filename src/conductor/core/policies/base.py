@@ -65,7 +65,9 @@ class SchedulingContext:
     config: SchedulerConfig
     rng: random.Random
     round_robin_counter: int
-    _prefill_memo: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    _prefill_memo: dict[int, float] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def prefill_s(self, cached_tokens: int) -> float:
         """``cost.prefill_s(prompt_tokens, cached_tokens)`` for this request (memoised)."""

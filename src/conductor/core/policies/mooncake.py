@@ -48,7 +48,8 @@ class MooncakePolicy:
         local_blocks = ctx.match.local_blocks.get
         holders = ctx.match.best_holders
         sole = holders[0] if len(holders) == 1 else None
-        rest: dict[tuple[int, float | None, bool], tuple[float, float, bool]] = {}
+        # (local blocks, NIC, sole holder) -> (T_transfer, T_prefill, fetches)
+        estimates: dict[tuple[int, float | None, bool], tuple[float, float, bool]] = {}
         winner: InstanceState | None = None
         winner_ttft = 0.0
         winner_fetches = False
@@ -56,9 +57,9 @@ class MooncakePolicy:
             spec = inst.spec
             iid = spec.instance_id
             key = (local_blocks(iid, 0), spec.nic_bytes_per_s, iid == sole)
-            est = rest.get(key)
+            est = estimates.get(key)
             if est is None:
-                est = rest[key] = _estimate(ctx, *key)
+                est = estimates[key] = _estimate(ctx, *key)
             transfer, compute, fetches = est
             ttft = inst.prefill.queue_s(now) + transfer + compute
             if winner is None or ttft < winner_ttft:
