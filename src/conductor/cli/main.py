@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from conductor.cli import sim_cmd
+from conductor.cli.bench_cmd import bench_app
 from conductor.cli.trace_cmd import trace_app
 
 app = typer.Typer(
@@ -18,8 +19,13 @@ app = typer.Typer(
 )
 app.add_typer(trace_app, name="trace")
 sim_cmd.register(app)
+app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:
     """Entry point of the ``conductor`` console script."""
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,28 +1,49 @@
 """Global prefix index: which holder caches which block, in which tier.
 
 A *holder* is a prefill/decode instance or a store node of the shared KV pool. Every holder
-gets a bit slot; for every block hash the index keeps one bitmask per tier (GPU, DRAM,
-STORE) and a derived *local* mask (GPU | DRAM: blocks an instance can reuse without a
-network fetch). Matching a request walks its block hashes once, ANDing masks, and records
-where each holder drops out, so its cost is ``O(prefix length + holders)`` dictionary
-lookups and integer operations, independent of how many blocks the index holds.
+gets a bit slot. For every block hash the index keeps one packed integer with three masks
+of ``W`` bits each (``W``, the field width, is a power of two above the highest slot):
+
+* bits ``[0, W)``: *local* (GPU or DRAM: an instance reuses it without a network fetch);
+* bits ``[W, 2W)``: *any* tier (GPU, DRAM or STORE: the holder can serve the block);
+* bits ``[2W, 3W)``: *GPU* alone.
+
+Matching a request looks each block up once and ANDs the packed masks (the three fields
+stay independent under ``&``); a holder's depth in a field is where its bit first drops out.
+The per-block work runs in C (``map`` of ``dict.get``, ``accumulate`` of ``&``). The running
+AND only ever loses bits, so each field of it is a non-increasing sequence of integers and
+the end of each run is found by ``bisect`` (with a C-level key); Python code runs once per
+run, i.e. per point where holders drop out. The cost is ``O(prefix length + holders)``
+dictionary lookups and integer operations, independent of how many blocks the index holds.
 
 Invariants (asserted by the tests against a brute-force reference):
 
-* ``bit(slot)`` is set in ``_tier[t][h]`` iff ``h in _held[slot][t]``;
-* ``_local[h]`` == ``_tier[GPU][h] | _tier[DRAM][h]`` and no mask stored is 0;
-* a slot is reused only after its holder was removed and all its bits cleared.
+* ``_held[slot][t]`` is the set of blocks ``slot`` holds in tier ``t``;
+* bit ``slot`` of the local / any / GPU field of ``_masks[h]`` is set iff ``h`` is in
+  ``_held[slot][t]`` for ``t`` in (GPU, DRAM) / for some ``t`` / for ``t`` = GPU;
+* no mask stored is 0, so a GPU bit implies the local bit, and a local bit the any bit;
+* a slot is reused only after its holder was removed and all its bits cleared;
+* ``_mask_names[m]`` is the holders of the bits of ``m`` in slot order, and
+  ``_runs[(m, d)]`` maps each of them to ``d`` (memos, emptied whenever a slot changes
+  hands: the same holder sets recur, e.g. everyone holding a shared system prompt).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, islice, repeat
+from operator import and_
 
 from conductor.core.errors import UnknownInstance
 from conductor.core.types import BlockHash, InstanceId, Tier
 
 _TIERS = (Tier.GPU, Tier.DRAM, Tier.STORE)
+_MIN_WIDTH = 64
+_MASK_MEMO_SIZE = 4096  # entries: holder-name tuples, mostly short
+_RUN_MEMO_SIZE = 256  # entries: dicts of at least _RUN_MEMO_MIN_HOLDERS holders
+_RUN_MEMO_MIN_HOLDERS = 8  # runs of fewer holders are built directly
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,21 +79,24 @@ def _bits(mask: int) -> Iterable[int]:
 class PrefixIndex:
     """Block hash -> holders by tier, fed by KV events; see the module docstring."""
 
-    __slots__ = ("_free", "_held", "_local", "_names", "_slots", "_tier")
+    __slots__ = ("_free", "_held", "_mask_names", "_masks", "_names", "_runs", "_slots", "_width")
 
     def __init__(self) -> None:
         self._slots: dict[InstanceId, int] = {}
         self._names: list[InstanceId | None] = []
         self._free: list[int] = []
-        self._tier: tuple[dict[int, int], dict[int, int], dict[int, int]] = ({}, {}, {})
-        self._local: dict[int, int] = {}
+        self._width = _MIN_WIDTH
+        self._masks: dict[int, int] = {}
         self._held: list[tuple[set[int], set[int], set[int]]] = []
+        self._mask_names: dict[int, tuple[InstanceId, ...]] = {}
+        self._runs: dict[tuple[int, int], dict[InstanceId, int]] = {}
 
     # -- holders -------------------------------------------------------------------------
     def add_holder(self, holder: InstanceId) -> None:
         """Register ``holder`` (idempotent)."""
         if holder in self._slots:
             return
+        self._forget_names()
         if self._free:
             slot = min(self._free)
             self._free.remove(slot)
@@ -82,12 +106,15 @@ class PrefixIndex:
             slot = len(self._names)
             self._names.append(holder)
             self._held.append((set(), set(), set()))
+            if slot >= self._width:
+                self._widen(2 * self._width)
         self._slots[holder] = slot
 
     def remove_holder(self, holder: InstanceId) -> None:
         """Forget ``holder`` and every block it held."""
         self.clear(holder)
         slot = self._slots.pop(holder)
+        self._forget_names()
         self._names[slot] = None
         self._free.append(slot)
 
@@ -103,49 +130,66 @@ class PrefixIndex:
         except KeyError:
             raise UnknownInstance(holder) from None
 
+    def _widen(self, width: int) -> None:
+        """Repack every mask with fields of ``width`` bits (once per doubling of holders)."""
+        old = self._width
+        field = (1 << old) - 1
+        masks = self._masks
+        for h, m in masks.items():
+            masks[h] = (m & field) | ((m >> old) & field) << width | (m >> 2 * old) << 2 * width
+        # (fields keep their order: local, any, GPU)
+        self._width = width
+
+    def _bits_for(self, slot: int, tiers: Iterable[int]) -> int:
+        """The packed bits of ``slot`` holding a block in ``tiers``."""
+        bit = 1 << slot
+        w = self._width
+        out = 0
+        for t in tiers:
+            out |= bit << w  # any tier
+            if t != Tier.STORE:
+                out |= bit  # local
+                if t == Tier.GPU:
+                    out |= bit << 2 * w
+        return out
+
     # -- events --------------------------------------------------------------------------
     def store(self, holder: InstanceId, block_hashes: Sequence[BlockHash], tier: Tier) -> None:
         """``holder`` caches ``block_hashes`` in ``tier``."""
         slot = self._slot(holder)
-        bit = 1 << slot
-        t = int(tier)
-        d = self._tier[t]
-        get = d.get
+        bits = self._bits_for(slot, (tier,))
+        masks = self._masks
+        get = masks.get
         for h in block_hashes:
-            d[h] = get(h, 0) | bit
-        if t != Tier.STORE:
-            loc = self._local
-            lget = loc.get
-            for h in block_hashes:
-                loc[h] = lget(h, 0) | bit
-        self._held[slot][t].update(block_hashes)
+            masks[h] = get(h, 0) | bits
+        self._held[slot][tier].update(block_hashes)
 
     def remove(self, holder: InstanceId, block_hashes: Iterable[BlockHash], tier: Tier) -> None:
         """``holder`` evicted ``block_hashes`` from ``tier`` (unknown hashes are ignored)."""
         self._remove_slot(self._slot(holder), block_hashes, tier)
 
     def _remove_slot(self, slot: int, block_hashes: Iterable[int], tier: Tier) -> None:
-        bit = 1 << slot
-        t = int(tier)
-        held = self._held[slot][t]
-        d = self._tier[t]
-        other = self._tier[1 - t] if t != Tier.STORE else None
-        loc = self._local
+        held = self._held[slot]
+        mine = held[tier]
+        a, b = (t for t in _TIERS if t != tier)
+        held_a, held_b = held[a], held[b]
+        drop = ~self._bits_for(slot, _TIERS)
+        # the slot's bits a block keeps, by whether the slot still holds it in tier a / b
+        keep = {
+            (in_a, in_b): self._bits_for(slot, [t for t, k in ((a, in_a), (b, in_b)) if k])
+            for in_a in (False, True)
+            for in_b in (False, True)
+        }
+        masks = self._masks
         for h in block_hashes:
-            if h not in held:
+            if h not in mine:
                 continue
-            held.discard(h)
-            m = d[h] & ~bit
+            mine.discard(h)
+            m = (masks[h] & drop) | keep[h in held_a, h in held_b]
             if m:
-                d[h] = m
+                masks[h] = m
             else:
-                del d[h]
-            if other is not None and not other.get(h, 0) & bit:
-                lm = loc[h] & ~bit
-                if lm:
-                    loc[h] = lm
-                else:
-                    del loc[h]
+                del masks[h]
 
     def clear(self, holder: InstanceId, tier: Tier | None = None) -> None:
         """Drop every block of ``holder`` (in ``tier``, or in all tiers)."""
@@ -168,67 +212,93 @@ class PrefixIndex:
 
     def holders_of(self, block_hash: BlockHash) -> dict[InstanceId, tuple[Tier, ...]]:
         """Every holder of ``block_hash`` with its tiers (for reports and tests)."""
+        w = self._width
+        anyone = (self._masks.get(block_hash, 0) >> w) & ((1 << w) - 1)
         out: dict[InstanceId, list[Tier]] = {}
         for t in _TIERS:
-            for slot in _bits(self._tier[t].get(block_hash, 0)):
+            for slot in _bits(anyone):
                 name = self._names[slot]
-                assert name is not None
-                out.setdefault(name, []).append(t)
+                if name is not None and block_hash in self._held[slot][t]:
+                    out.setdefault(name, []).append(t)
         return {k: tuple(v) for k, v in out.items()}
 
     def match(self, block_hashes: Sequence[BlockHash]) -> PrefixMatch:
         """Per-holder prefix depths of ``block_hashes``; see :class:`PrefixMatch`."""
         n = len(block_hashes)
-        names = self._names
-        local_get = self._local.get
-        gpu_get = self._tier[Tier.GPU].get
-        store = self._tier[Tier.STORE]
-        store_get = store.get
-        local_depth: dict[InstanceId, int] = {}
-        gpu_depth: dict[InstanceId, int] = {}
-        best = 0
-        best_mask = 0
-        union = -1
-        if n == 0:
-            return PrefixMatch(0, local_depth, gpu_depth, 0, (), 0)
-        h0 = block_hashes[0]
-        a_loc = local_get(h0, 0)
-        a_gpu = gpu_get(h0, 0)
-        a_any = a_loc | store_get(h0, 0) if store else a_loc
-        if not a_any:
-            return PrefixMatch(n, local_depth, gpu_depth, 0, (), 0)
-        pos = 1
-        while pos < n and (a_any or union < 0):
-            h = block_hashes[pos]
-            m_loc = local_get(h, 0)
-            m_any = m_loc | store_get(h, 0) if store else m_loc
-            if union < 0 and not m_any:
-                union = pos
-            if a_loc:
-                nl = a_loc & m_loc
-                if nl != a_loc:
-                    for s in _bits(a_loc ^ nl):
-                        local_depth[names[s]] = pos  # type: ignore[index]
-                    a_loc = nl
-            if a_gpu:
-                ng = a_gpu & gpu_get(h, 0)
-                if ng != a_gpu:
-                    for s in _bits(a_gpu ^ ng):
-                        gpu_depth[names[s]] = pos  # type: ignore[index]
-                    a_gpu = ng
-            if a_any:
-                na = a_any & m_any
-                if not na:
-                    best, best_mask = pos, a_any
-                a_any = na
-            pos += 1
-        if union < 0:
-            union = pos
-        for s in _bits(a_loc):
-            local_depth[names[s]] = pos  # type: ignore[index]
-        for s in _bits(a_gpu):
-            gpu_depth[names[s]] = pos  # type: ignore[index]
-        if a_any:
-            best, best_mask = pos, a_any
-        holders = tuple(names[s] for s in _bits(best_mask))
-        return PrefixMatch(n, local_depth, gpu_depth, best, holders, union)  # type: ignore[arg-type]
+        masks = list(map(self._masks.get, block_hashes, repeat(0)))
+        # union: leading blocks held by someone (a packed mask is 0 iff its any field is)
+        union = masks.index(0) if 0 in masks else n
+        if not union:
+            return PrefixMatch(n, {}, {}, 0, (), 0)
+        # acc[k]: per field, the holders of blocks 0..k; it only ever loses bits
+        acc = list(accumulate(islice(masks, union), and_))
+        # the any field empties with the whole mask (GPU bits imply local bits imply any)
+        best = acc.index(0) if not acc[-1] else union
+        w = self._width
+        field = (1 << w) - 1
+        best_holders = self._holders_in((acc[best - 1] >> w) & field)
+        acc.reverse()  # each field ascends now
+        return PrefixMatch(
+            n,
+            self._depths(acc, field.__and__),
+            self._depths(acc, (2 * w).__rrshift__),
+            best,
+            best_holders,
+            union,
+        )
+
+    def _depths(self, ascending: list[int], key: Callable[[int], int]) -> dict[InstanceId, int]:
+        """Per-holder depths from a running AND of packed masks, given in reverse (so its
+        ``key`` field ascends) with ``key`` extracting the field: holder ``s`` holds blocks
+        ``0..k`` iff its bit is set in the field of ``acc[k]``. Holders come in order of
+        depth, then slot.
+
+        A field only loses bits along ``acc``, so its values never increase; the run of
+        the current value ``cur`` ends at ``end - bisect_left(ascending, cur, key=key)``.
+        """
+        out: dict[InstanceId, int] = {}
+        end = len(ascending)
+        cur = key(ascending[-1])  # the field of acc[0]
+        while cur:
+            stop = end - bisect_left(ascending, cur, key=key)  # first acc index without cur
+            nxt = key(ascending[end - 1 - stop]) if stop < end else 0
+            gone = cur ^ nxt
+            if gone.bit_count() < _RUN_MEMO_MIN_HOLDERS:
+                run = dict.fromkeys(self._holders_in(gone), stop)
+            else:  # e.g. all but a few holders of a shared first block: copy, then remove
+                run = self._run(cur, stop)
+                for h in self._holders_in(nxt):  # these go deeper: listed with a later run
+                    del run[h]
+            if out:
+                out.update(run)
+            else:
+                out = run
+            cur = nxt
+        return out
+
+    def _run(self, mask: int, depth: int) -> dict[InstanceId, int]:
+        """A new dict mapping the holders of ``mask`` to ``depth``, in slot order (copied
+        from a memo: the same large holder sets recur, and a copy is cheaper than a build)."""
+        memo = self._runs
+        run = memo.get((mask, depth))
+        if run is None:
+            if len(memo) >= _RUN_MEMO_SIZE:
+                memo.clear()
+            run = memo[(mask, depth)] = dict.fromkeys(self._holders_in(mask), depth)
+        return run.copy()
+
+    def _forget_names(self) -> None:
+        self._mask_names.clear()
+        self._runs.clear()
+
+    def _holders_in(self, mask: int) -> tuple[InstanceId, ...]:
+        """The holders of the bits of ``mask``, in slot order (memoised: masks repeat)."""
+        memo = self._mask_names
+        holders = memo.get(mask)
+        if holders is None:
+            if len(memo) >= _MASK_MEMO_SIZE:
+                memo.clear()
+            names = self._names
+            holders = tuple(h for s in _bits(mask) if (h := names[s]) is not None)
+            memo[mask] = holders
+        return holders

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from conductor.core.config import SchedulerConfig
@@ -51,7 +51,11 @@ class DecodeChoice:
 
 @dataclass(slots=True)
 class SchedulingContext:
-    """What a policy may read. Estimators are methods so that policies share one formula."""
+    """What a policy may read. Estimators are methods so that policies share one formula.
+
+    A context lives for one decision: :meth:`prefill_s` memoises the cost model for it
+    (many instances share a prefix length, so the same prediction recurs).
+    """
 
     request: Request
     now_s: float
@@ -62,6 +66,17 @@ class SchedulingContext:
     config: SchedulerConfig
     rng: random.Random
     round_robin_counter: int
+    _prefill_memo: dict[int, float] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def prefill_s(self, cached_tokens: int) -> float:
+        """``cost.prefill_s(prompt_tokens, cached_tokens)`` for this request (memoised)."""
+        t = self._prefill_memo.get(cached_tokens)
+        if t is None:
+            t = self.cost.prefill_s(self.request.prompt_tokens, cached_tokens)
+            self._prefill_memo[cached_tokens] = t
+        return t
 
     def tokens(self, blocks: int) -> int:
         """Reusable tokens covered by ``blocks`` leading blocks: the last block may be
@@ -93,7 +108,7 @@ class SchedulingContext:
             None,
             inst.prefill.queue_s(self.now_s),
             0.0,
-            self.cost.prefill_s(self.request.prompt_tokens, local),
+            self.prefill_s(local),
         )
 
     def fetch_choice(self, inst: InstanceState) -> PrefillChoice:
@@ -113,7 +128,7 @@ class SchedulingContext:
             source,
             inst.prefill.queue_s(self.now_s),
             self.cost.transfer_s(fetch, bw),
-            self.cost.prefill_s(self.request.prompt_tokens, best),
+            self.prefill_s(best),
         )
 
 

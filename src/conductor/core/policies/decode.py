@@ -49,21 +49,45 @@ def has_room(ctx: SchedulingContext, inst: InstanceState) -> bool:
 
 
 def least_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
+    """The lowest predicted TBT among instances with room, the first on ties; else the
+    lowest among all (``fits`` False). The loop inlines :func:`predicted_tbt_s` and
+    :func:`has_room` (same formulas) and builds only the returned choice object."""
     del prefill
-    slo = ctx.request.tbt_slo_s or ctx.config.tbt_slo_s
-    best: DecodeChoice | None = None
-    fallback: DecodeChoice | None = None
+    req = ctx.request
+    slo = req.tbt_slo_s or ctx.config.tbt_slo_s
+    need = req.prompt_tokens + req.output_tokens
+    factor = tbt_factor(req.output_tokens)
+    cost = ctx.cost
+    step_s = cost.decode_step_s
+    default_kv = cost.kv_capacity_tokens
+    default_batch = cost.max_batch_size
+    best: InstanceState | None = None
+    best_tbt = 0.0
+    fallback: InstanceState | None = None
+    fallback_tbt = 0.0
     for inst in ctx.decode_pool:
-        tbt = predicted_tbt_s(ctx, inst)
-        if has_room(ctx, inst):
-            if best is None or tbt < best.tbt_s:
-                best = DecodeChoice(inst.spec.instance_id, tbt, tbt <= slo)
-        elif fallback is None or tbt < fallback.tbt_s:
-            fallback = DecodeChoice(inst.spec.instance_id, tbt, False)
+        d = inst.decode
+        spec = inst.spec
+        batch = d.batch_size
+        kv = spec.kv_capacity_tokens
+        if kv is None:
+            kv = default_kv
+        most = spec.max_batch_size
+        if most is None:
+            most = default_batch
+        room = d.kv_reserved_tokens + need <= kv and batch < most
+        if room:
+            tbt = step_s(batch + 1, d.kv_reserved_tokens + need) * factor
+            if best is None or tbt < best_tbt:
+                best, best_tbt = inst, tbt
+        elif best is None:  # the fallback only matters while no instance has room
+            tbt = step_s(batch + 1, d.kv_reserved_tokens + need) * factor
+            if fallback is None or tbt < fallback_tbt:
+                fallback, fallback_tbt = inst, tbt
     if best is not None:
-        return best
+        return DecodeChoice(best.spec.instance_id, best_tbt, best_tbt <= slo)
     assert fallback is not None, "decode pool is empty"
-    return fallback
+    return DecodeChoice(fallback.spec.instance_id, fallback_tbt, False)
 
 
 class LeastTbtDecode:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from conductor.core.policies.base import PrefillChoice, SchedulingContext, argmin_ttft
+from conductor.core.policies.base import PrefillChoice, SchedulingContext
 from conductor.core.policies.registry import register
+from conductor.core.state import InstanceState
 
 
 def wants_fetch(best_tokens: int, local_tokens: int, threshold: float) -> bool:
@@ -33,12 +34,52 @@ class MooncakePolicy:
     name: ClassVar[str] = "mooncake"
 
     def choose_prefill(self, ctx: SchedulingContext) -> PrefillChoice:
-        best = ctx.best_tokens()
-        thr = ctx.config.kvcache_balancing_threshold
-        choices = []
+        """``argmin_i TTFT_i``, the first on ties.
+
+        ``TTFT_i - T_queue(i)`` depends only on the instance's local prefix (in blocks), its
+        NIC and whether it is the sole holder of the best prefix (then there is nothing to
+        fetch), so it is computed once per such class and memoised; most instances share
+        one. Candidates are compared by their float TTFT, summed in the order of
+        :attr:`PrefillChoice.ttft_s` with the estimators of ``ctx.local_choice`` /
+        ``ctx.fetch_choice``. Only the winner's choice object is built, by those methods,
+        so the plan is the one ``argmin_ttft`` over every candidate's choice would give.
+        """
+        now = ctx.now_s
+        local_blocks = ctx.match.local_blocks.get
+        holders = ctx.match.best_holders
+        sole = holders[0] if len(holders) == 1 else None
+        # (local blocks, NIC, sole holder) -> (T_transfer, T_prefill, fetches)
+        estimates: dict[tuple[int, float | None, bool], tuple[float, float, bool]] = {}
+        winner: InstanceState | None = None
+        winner_ttft = 0.0
+        winner_fetches = False
         for inst in ctx.prefill_pool:
-            if wants_fetch(best, ctx.local_tokens(inst), thr):
-                choices.append(ctx.fetch_choice(inst))
-            else:
-                choices.append(ctx.local_choice(inst))
-        return argmin_ttft(choices)
+            spec = inst.spec
+            iid = spec.instance_id
+            key = (local_blocks(iid, 0), spec.nic_bytes_per_s, iid == sole)
+            est = estimates.get(key)
+            if est is None:
+                est = estimates[key] = _estimate(ctx, *key)
+            transfer, compute, fetches = est
+            ttft = inst.prefill.queue_s(now) + transfer + compute
+            if winner is None or ttft < winner_ttft:
+                winner, winner_ttft, winner_fetches = inst, ttft, fetches
+        assert winner is not None, "prefill pool is empty"
+        return ctx.fetch_choice(winner) if winner_fetches else ctx.local_choice(winner)
+
+
+def _estimate(
+    ctx: SchedulingContext, local_blocks: int, nic_bytes_per_s: float | None, sole_holder: bool
+) -> tuple[float, float, bool]:
+    """``(T_transfer, T_prefill, fetches)`` of an instance with ``local_blocks`` cached:
+    Algorithm 1's branch, as ``ctx.fetch_choice`` / ``ctx.local_choice`` compute it."""
+    local = ctx.tokens(local_blocks)
+    best = ctx.best_tokens()
+    # fetch_choice falls back to local when there is no other source or nothing to gain
+    if (
+        wants_fetch(best, local, ctx.config.kvcache_balancing_threshold)
+        and not sole_holder
+        and local < best
+    ):
+        return ctx.cost.transfer_s(best - local, nic_bytes_per_s), ctx.prefill_s(best), True
+    return 0.0, ctx.prefill_s(local), False

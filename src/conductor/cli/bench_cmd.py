@@ -1,0 +1,55 @@
+"""``conductor bench ...``: benchmarks that print figures (never pass/fail on timings)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from conductor.bench_decision import format_result, run_repeated
+from conductor.core.costmodel import DEFAULT_PRESET, PRESETS
+from conductor.core.errors import ConductorError
+from conductor.core.policies import policy_names
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks of the scheduler itself.")
+
+
+@bench_app.command("decision")
+def decision(
+    prefill: Annotated[int, typer.Option(min=1, help="Prefill instances.")] = 16,
+    decode: Annotated[int, typer.Option(min=1, help="Decode instances.")] = 16,
+    policy: Annotated[str, typer.Option(help="Prefill policy name.")] = "mooncake",
+    requests: Annotated[int, typer.Option(min=1, help="Requests to time.")] = 5000,
+    warmup: Annotated[int, typer.Option(min=0, help="Untimed requests scheduled first.")] = 100,
+    repeat: Annotated[int, typer.Option(min=1, help="Runs; the median-p99 one is shown.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of block placement and scheduler.")] = 0,
+    preset: Annotated[str, typer.Option(help="Cost-model preset.")] = DEFAULT_PRESET,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the result as JSON.")
+    ] = None,
+) -> None:
+    """Time schedule() and the KV-event ingest rate on the bundled Mooncake trace."""
+    if policy not in policy_names():
+        raise typer.BadParameter(f"unknown policy; known: {', '.join(policy_names())}")
+    if preset not in PRESETS:
+        raise typer.BadParameter(f"unknown preset; known: {', '.join(sorted(PRESETS))}")
+    try:
+        result = run_repeated(
+            prefill,
+            decode,
+            repeat=repeat,
+            policy=policy,
+            requests=requests,
+            warmup=warmup,
+            seed=seed,
+            preset_name=preset,
+        )
+    except ConductorError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(format_result(result))
+    if json_path is not None:
+        json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        typer.echo(f"wrote {json_path}")
