@@ -25,6 +25,7 @@ from typing import ClassVar
 
 from conductor.core.policies.base import PrefillChoice, SchedulingContext
 from conductor.core.policies.registry import register
+from conductor.core.state import InstanceState
 
 
 @register
@@ -33,18 +34,50 @@ class ConductorPolicy:
     config_defaults: ClassVar[dict[str, object]] = {"admission": "early", "cpp_enabled": True}
 
     def choose_prefill(self, ctx: SchedulingContext) -> PrefillChoice:
-        best_tokens = ctx.best_tokens()
+        """``argmin_i min(TTFT_local(i), TTFT_fetch(i))`` with the tie-break above.
+
+        Everything but the queue depends only on (local prefix in blocks, NIC, sole holder
+        of the best prefix), so it is computed once per such class; only the winner's
+        choice object is built (by ``ctx.local_choice`` / ``ctx.fetch_choice``)."""
         now = ctx.now_s
-        winner: PrefillChoice | None = None
-        key: tuple[float, float, int] | None = None
+        local_blocks = ctx.match.local_blocks.get
+        holders = ctx.match.best_holders
+        sole = holders[0] if len(holders) == 1 else None
+        best_tokens = ctx.best_tokens()
+        estimates: dict[tuple[int, float | None, bool], tuple[float, bool]] = {}
+        winner: InstanceState | None = None
+        winner_key = (0.0, 0.0, 0)
+        winner_fetches = False
         for inst in ctx.prefill_pool:
-            choice = ctx.local_choice(inst)
-            if best_tokens > choice.local_tokens:
-                fetch = ctx.fetch_choice(inst)
-                if fetch.ttft_s < choice.ttft_s:
-                    choice = fetch
-            k = (choice.ttft_s, inst.prefill.queue_s(now), inst.prefill.queued_tokens)
-            if key is None or k < key:
-                winner, key = choice, k
-        assert winner is not None
-        return winner
+            spec = inst.spec
+            iid = spec.instance_id
+            k = (local_blocks(iid, 0), spec.nic_bytes_per_s, iid == sole)
+            est = estimates.get(k)
+            if est is None:
+                est = estimates[k] = _estimate(ctx, best_tokens, *k)
+            rest, fetches = est
+            queue = inst.prefill.queue_s(now)
+            key = (queue + rest, queue, inst.prefill.queued_tokens)
+            if winner is None or key < winner_key:
+                winner, winner_key, winner_fetches = inst, key, fetches
+        assert winner is not None, "prefill pool is empty"
+        return ctx.fetch_choice(winner) if winner_fetches else ctx.local_choice(winner)
+
+
+def _estimate(
+    ctx: SchedulingContext,
+    best_tokens: int,
+    local_blocks: int,
+    nic_bytes_per_s: float | None,
+    sole_holder: bool,
+) -> tuple[float, bool]:
+    """(TTFT - queue, fetches) of the cheaper of computing locally and fetching first."""
+    local = ctx.tokens(local_blocks)
+    compute_local = ctx.prefill_s(local)
+    if best_tokens > local and not sole_holder:
+        fetch = ctx.cost.transfer_s(best_tokens - local, nic_bytes_per_s) + ctx.prefill_s(
+            best_tokens
+        )
+        if fetch < compute_local:
+            return fetch, True
+    return compute_local, False

@@ -1,0 +1,69 @@
+"""The ``conductor`` policy: min over (local, fetch) per instance, exact choices.
+
+Cost model (helpers): prefill 1 ms per new token, transfer 10 us per token, block 4 tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conductor.core.events import BlocksStored
+from conductor.core.plan import Plan
+from conductor.core.policies import policy_config_defaults
+from conductor.core.state import InstanceSpec
+from conductor.core.types import RequestId, Role, Tier
+
+from .helpers import LINEAR_COST, hashes, iid, make_conductor, req
+
+CHAIN = hashes(*range(1, 11))  # 40 tokens
+
+
+def _plan(c, r) -> Plan:  # type: ignore[no-untyped-def]
+    d = c.schedule(r, now_s=0.0)
+    assert isinstance(d, Plan), d
+    return d
+
+
+def test_fetches_when_the_holder_is_busy() -> None:
+    c = make_conductor(2, 1, policy="conductor")
+    c.on_event(BlocksStored(iid("p0"), CHAIN[:8], Tier.DRAM))
+    c.instances[iid("p0")].prefill.assign(RequestId("x"), 1.0, 0, 0.0)
+    plan = _plan(c, req("r", CHAIN, 40))
+    assert plan.prefill == "p1" and plan.fetch is not None and plan.fetch.tokens == 32
+    assert plan.predicted_ttft_s == pytest.approx(32 * 10e-6 + 0.008)
+
+
+def test_computes_locally_when_the_fetch_is_slower_than_recomputing() -> None:
+    """A 1000x slower NIC on p1: fetching 32 tokens costs 320 ms, recomputing them 32 ms.
+    mooncake's threshold rule would fetch (local prefix 0 -> infinite ratio)."""
+    slow = LINEAR_COST.with_(transfer_bytes_per_s=327680 * 100)  # 10 ms per token
+    for policy, fetch in (("conductor", False), ("mooncake", True)):
+        c = make_conductor(2, 1, policy=policy, cost=slow)
+        c.on_event(BlocksStored(iid("p0"), CHAIN[:8], Tier.DRAM))
+        c.instances[iid("p0")].prefill.assign(RequestId("x"), 1.0, 0, 0.0)
+        plan = _plan(c, req("r", CHAIN, 40))
+        assert plan.prefill == "p1"
+        assert (plan.fetch is not None) is fetch
+    assert plan.predicted_ttft_s == pytest.approx(32 * 0.01 + 0.008)  # mooncake's worse pick
+
+
+def test_ties_go_to_the_less_queued_instance() -> None:
+    c = make_conductor(3, 1, policy="conductor")
+    # p0 has 10 ms queued and the 10-token prefix (saves 10 ms); p1, p2 idle without it
+    c.on_event(BlocksStored(iid("p0"), CHAIN[:2], Tier.DRAM))
+    c.instances[iid("p0")].prefill.assign(RequestId("x"), 0.008, 0, 0.0)
+    c.instances[iid("p2")].prefill.assign(RequestId("y"), 0.0, 5, 0.0)  # 0 s, 5 tokens
+    plan = _plan(c, req("r", (), 40))
+    assert plan.prefill == "p1"  # p0: 8 ms queued; p1 vs p2: same TTFT, p1 fewer tokens
+
+
+def test_conductor_brings_admission_and_cpp() -> None:
+    assert policy_config_defaults("conductor") == {"admission": "early", "cpp_enabled": True}
+    assert policy_config_defaults("mooncake") == {}
+
+
+def test_decode_and_prefill_both_role() -> None:
+    c = make_conductor(0, 0, policy="conductor")
+    c.add_instance(InstanceSpec(iid("both"), Role.BOTH))
+    plan = _plan(c, req("r", CHAIN, 40))
+    assert (plan.prefill, plan.decode) == ("both", "both")
