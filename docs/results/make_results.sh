@@ -26,4 +26,4 @@ for kind in chat agent; do
   $C compare --trace $R/synth_$kind.jsonl --speed 16 --json $R/compare_synth_${kind}_16x.json --markdown $R/compare_synth_${kind}_16x.md
 done
 rm -f $R/synth_*.jsonl
-$C capacity --policies random,least_loaded,cache_aware_local,mooncake,dynamo,sglang,llmd,conductor --bisect-steps 3 --json $R/capacity.json > $R/capacity.txt
+$C capacity --bisect-steps 3 --json $R/capacity.json > $R/capacity.txt
