@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from conductor.cli import sim_cmd
+from conductor.cli import emulate_cmd, sim_cmd
 from conductor.cli.trace_cmd import trace_app
 
 app = typer.Typer(
@@ -18,8 +18,13 @@ app = typer.Typer(
 )
 app.add_typer(trace_app, name="trace")
 sim_cmd.register(app)
+emulate_cmd.register(app)
 
 
 def main() -> None:
     """Entry point of the ``conductor`` console script."""
     app()
+
+
+if __name__ == "__main__":
+    main()
