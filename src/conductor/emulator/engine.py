@@ -120,7 +120,7 @@ class EngineCore:
     Invariants: a request is in exactly one of ``waiting`` (FIFO), ``running`` (admission
     order) or neither (finished or aborted); a running request holds
     ``n_blocks - len(hashes)`` private blocks, pins its ``hashes`` and has ``reserved``
-    blocks reserved, with ``n_blocks + reserved == ceil((prompt + max_tokens) / block)``;
+    blocks reserved, with ``n_blocks + reserved == ceil((prompt + max_tokens - 1) / block)``;
     a finished or aborted request holds nothing.
     """
 
@@ -149,7 +149,8 @@ class EngineCore:
     # -- requests --------------------------------------------------------------------------
 
     def blocks_needed(self, prompt_tokens: int, max_tokens: int) -> int:
-        return -(-(prompt_tokens + max_tokens) // self.block_size)
+        """Blocks a request fills at most: the KV of every token but the last one sampled."""
+        return -(-(prompt_tokens + max_tokens - 1) // self.block_size)
 
     def validate(self, prompt_tokens: int, max_tokens: int) -> None:
         """Raise :class:`InvalidInput` for a request this engine can never serve."""
@@ -290,7 +291,8 @@ class EngineCore:
     def _emit(self, req: EngineRequest) -> TokenOutput:
         """Append the request's next token, cache newly computed full blocks, maybe finish."""
         index = req.emitted
-        if len(req.tokens) == req.n_blocks * self.block_size:
+        # This step computes the KV of every token so far (the last sampled one included).
+        if len(req.tokens) > req.n_blocks * self.block_size:
             self._take(req)
         req.tokens.append(req.out_ids[index])
         req.emitted += 1

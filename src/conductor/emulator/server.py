@@ -10,18 +10,16 @@ from conductor.emulator.service import Emulator
 from conductor.emulator.tokenizer import Tokenizer
 
 
-def uvicorn_config(
-    config: EmulatorConfig, tokenizer: Tokenizer | None = None, *, log_level: str = "warning"
-) -> uvicorn.Config:
-    """A uvicorn config serving one emulator on ``config.host:config.port``.
+def uvicorn_config(emulator: Emulator, *, log_level: str = "warning") -> uvicorn.Config:
+    """A uvicorn config serving ``emulator`` on its ``host:port``.
 
     uvicorn picks uvloop and httptools when they are installed (``loop``/``http`` "auto").
     """
-    app = build_app(Emulator(config, tokenizer))
+    cfg = emulator.config
     return uvicorn.Config(
-        app,
-        host=config.host,
-        port=config.port,
+        build_app(emulator),
+        host=cfg.host,
+        port=cfg.port,
         log_level=log_level,
         access_log=False,
         lifespan="on",
@@ -33,4 +31,4 @@ def serve(
     config: EmulatorConfig, tokenizer: Tokenizer | None = None, *, log_level: str = "warning"
 ) -> None:
     """Serve until interrupted (SIGINT/SIGTERM)."""
-    uvicorn.Server(uvicorn_config(config, tokenizer, log_level=log_level)).run()
+    uvicorn.Server(uvicorn_config(Emulator(config, tokenizer), log_level=log_level)).run()
