@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +37,9 @@ import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from conductor.core.errors import ConductorError, InvalidInput
 from conductor.emulator import metrics
@@ -361,35 +362,68 @@ def _sse(obj: object) -> bytes:
     return b"data: " + _JSON.encode(obj) + b"\n\n"
 
 
+class SseResponse(Response):
+    """A ``text/event-stream`` response written straight to the ASGI ``send`` (Starlette's
+    StreamingResponse costs a task group per response). A watcher task waits for the
+    client's ``http.disconnect`` and then calls ``on_close``, which aborts the request if it
+    is still running (ending ``chunks``); ``on_close`` is called again however the response
+    ends, so a cancelled response never leaves its request running."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncGenerator[bytes, None], on_close: Callable[[], None]) -> None:
+        # No Response.__init__: it would add "content-length: 0".
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+        ]
+        self.chunks = chunks
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.on_close()
+
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        watcher = asyncio.get_running_loop().create_task(watch())
+        try:
+            async for chunk in self.chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
+            await self.chunks.aclose()
+            self.on_close()
+
+
 async def _stream(
-    em: Emulator,
     req: EngineRequest,
-    queue: asyncio.Queue[TokenOutput],
+    queue: asyncio.Queue[TokenOutput | None],
     parsed: Parsed,
     shape: _Shape,
-) -> AsyncIterator[bytes]:
-    done = False
-    try:
-        if shape.chat:
-            yield _sse(shape.chunk(None, None, first=True))
-        while not done:
-            out: TokenOutput = await queue.get()
-            done = out.finished
-            chunk = shape.chunk(req.out_texts[out.index], req.finish_reason if done else None)
-            if parsed.continuous_usage:
-                chunk["usage"] = _usage(req, out.index + 1)
-            yield _sse(chunk)
-        if parsed.include_usage:
-            usage = {
-                **shape.head(shape.chunk_object),
-                "choices": [],
-                "usage": _usage(req, req.emitted),
-            }
-            yield _sse(usage)
-        yield _DONE
-    finally:
-        if not done:
-            em.loop.abort(req)
+) -> AsyncGenerator[bytes, None]:
+    """The SSE chunks of one request; stops quietly if the request is aborted."""
+    if shape.chat:
+        yield _sse(shape.chunk(None, None, first=True))
+    while True:
+        out = await queue.get()
+        if out is None:
+            return
+        done = out.finished
+        chunk = shape.chunk(req.out_texts[out.index], req.finish_reason if done else None)
+        if parsed.continuous_usage:
+            chunk["usage"] = _usage(req, out.index + 1)
+        yield _sse(chunk)
+        if done:
+            break
+    if parsed.include_usage:
+        usage = {**shape.head(shape.chunk_object), "choices": [], "usage": _usage(req, req.emitted)}
+        yield _sse(usage)
+    yield _DONE
 
 
 async def _generate(em: Emulator, request: Request, *, chat: bool) -> Response:
@@ -407,15 +441,13 @@ async def _generate(em: Emulator, request: Request, *, chat: bool) -> Response:
         raise ApiError(exc.why, param=exc.field) from None
     shape = _Shape(chat, em.config.model_name, req.request_id)
     if parsed.stream:
-        return StreamingResponse(
-            _stream(em, req, queue, parsed, shape),
-            media_type="text/event-stream",
-            headers={"cache-control": "no-cache"},
-        )
+        return SseResponse(_stream(req, queue, parsed, shape), lambda: em.loop.abort(req))
     finished = False
     try:
         while not finished:
-            out: TokenOutput = await queue.get()
+            out = await queue.get()
+            if out is None:
+                raise ApiError("the request was aborted", status=500)
             finished = out.finished
     finally:
         if not finished:

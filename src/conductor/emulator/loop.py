@@ -22,7 +22,7 @@ class EngineLoop:
     """Owns the engine core; one :meth:`run` task per loop (the app's lifespan owns it).
 
     Invariant: every submitted request's queue receives its tokens in order, the last one
-    with ``finished`` set, unless the request is aborted first.
+    with ``finished`` set, unless the request is aborted first (then ``None`` ends it).
     """
 
     def __init__(
@@ -40,23 +40,27 @@ class EngineLoop:
         self.publisher = publisher
         self._clock = clock
         self._wake = asyncio.Event()
-        self._queues: dict[str, asyncio.Queue[TokenOutput]] = {}
+        self._queues: dict[str, asyncio.Queue[TokenOutput | None]] = {}
         self._step_end = 0.0
 
-    def submit(self, request: EngineRequest) -> asyncio.Queue[TokenOutput]:
-        """Queue ``request`` in the engine; its tokens arrive on the returned queue.
+    def submit(self, request: EngineRequest) -> asyncio.Queue[TokenOutput | None]:
+        """Queue ``request`` in the engine; its tokens arrive on the returned queue, and
+        ``None`` if it is aborted.
 
         Raises :class:`~conductor.core.errors.InvalidInput` if the engine cannot serve it.
         """
         self.core.add(request)
-        queue: asyncio.Queue[TokenOutput] = asyncio.Queue()
+        queue: asyncio.Queue[TokenOutput | None] = asyncio.Queue()
         self._queues[request.request_id] = queue
         self._wake.set()
         return queue
 
     def abort(self, request: EngineRequest) -> None:
-        """Stop generating for ``request`` (its client went away) and free its blocks."""
-        self._queues.pop(request.request_id, None)
+        """Stop generating for ``request`` (its client went away) and free its blocks; a
+        reader still waiting on its queue gets ``None``."""
+        queue = self._queues.pop(request.request_id, None)
+        if queue is not None:
+            queue.put_nowait(None)
         self.core.abort(request)
 
     def reset_prefix_cache(self) -> bool:
