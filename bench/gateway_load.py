@@ -26,6 +26,8 @@ import json
 import multiprocessing
 import os
 import platform
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -43,6 +45,8 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 MODEL = "bench"
+BLOCK_SIZE = 32
+MAX_MODEL_LEN = 8192
 TARGET_ADDED_P50_MS = 1.0
 TARGET_GATEWAY_RPS = 1000.0
 
@@ -456,7 +460,14 @@ def engines(n: int, log_dir: Path, emulator_args: Sequence[str]) -> Iterator[lis
                 *emulator_args,
             )
             procs.append(start(f"engine-{k}", args, url, log_dir))
-            out.append({"url": url, "kv_events": f"tcp://127.0.0.1:{kv}", "replay": replay})
+            out.append(
+                {
+                    "url": url,
+                    "kv_events": f"tcp://127.0.0.1:{kv}",
+                    "replay": f"tcp://127.0.0.1:{replay}",
+                    "pid": procs[-1].popen.pid,
+                }
+            )
         for p in procs:
             wait_ready(p, 60)
         yield out
@@ -465,31 +476,126 @@ def engines(n: int, log_dir: Path, emulator_args: Sequence[str]) -> Iterator[lis
             stop(p)
 
 
-def serve_available() -> tuple[bool, str]:
-    """Whether this checkout has ``conductor serve`` (and why not)."""
-    r = subprocess.run(
-        conductor_cmd("serve", "--help"),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
-    if r.returncode == 0:
-        return True, ""
-    return False, (
+@dataclass(frozen=True, slots=True)
+class Serve:
+    """How to run ``conductor serve`` here, and which of its options exist."""
+
+    prefix: list[str]
+    help_text: str
+
+    def has(self, option: str) -> bool:
+        return re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", self.help_text) is not None
+
+
+def find_serve(prefix: list[str]) -> tuple[Serve | None, str]:
+    """``conductor serve`` if this checkout has it (its help lists ``--engine``), else why not."""
+    try:
+        r = subprocess.run(
+            [*prefix, "serve", "--help"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            timeout=120,
+            check=False,
+            text=True,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"cannot run {' '.join(prefix)} serve --help: {exc}"
+    if r.returncode == 0 and "--engine" in r.stdout:
+        return Serve(prefix, r.stdout), ""
+    return None, (
         "this checkout has no `conductor serve` yet (it is being built on another branch); "
         "the gateway run is skipped"
     )
 
 
+def make_tokenizer_dir(path: Path) -> Path:
+    """A small local Hugging Face tokenizer (the one the real-vLLM tests use) for a gateway
+    that needs ``--model-path``; the engines then load it too, so both tokenize alike."""
+    if not (path / "tokenizer.json").exists():
+        sys.path.insert(0, str(REPO_ROOT))
+        from tests.engines.make_tiny_model import make_tokenizer
+
+        path.mkdir(parents=True, exist_ok=True)
+        make_tokenizer(path)
+    return path
+
+
 def gateway_args(
-    eng: Sequence[dict[str, Any]], port: int, policy: str, extra: Sequence[str]
+    serve: Serve,
+    eng: Sequence[dict[str, Any]],
+    port: int,
+    policy: str,
+    *,
+    model_path: Path | None,
+    max_model_len: int,
+    extra: Sequence[str],
 ) -> list[str]:
-    args = ["serve"]
+    """``conductor serve --engine URL,role=both,kv_events=... --port P --policy NAME``, plus
+    the options this version of serve has that the emulated engines need to match."""
+    args = [*serve.prefix, "serve"]
     for e in eng:
         args += ["--engine", f"{e['url']},role=both,kv_events={e['kv_events']}"]
-    args += ["--port", str(port), "--policy", policy, *extra]
-    return conductor_cmd(*args)
+    args += ["--port", str(port), "--policy", policy]
+    optional = [
+        ("--model-path", None if model_path is None else str(model_path)),
+        ("--model-name", MODEL),
+        ("--block-size", str(BLOCK_SIZE)),
+        ("--max-model-len", str(max_model_len)),
+        ("--log-level", "warning"),
+    ]
+    for option, value in optional:
+        if value is not None and serve.has(option) and option not in extra:
+            args += [option, value]
+    return [*args, *extra]
+
+
+COUNTERS = (
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+)
+
+
+def engine_counters(eng: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The engines' prefix-cache and token counters, summed (from ``GET /metrics``)."""
+    total = dict.fromkeys(COUNTERS, 0.0)
+    with httpx.Client(timeout=5.0) as client:
+        for e in eng:
+            for line in client.get(f"{e['url']}/metrics").text.splitlines():
+                name = line.split("{", 1)[0]
+                if name in total:
+                    total[name] += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def cpu_s(pids: Sequence[int]) -> float | None:
+    """User + system CPU seconds the processes have used so far (Linux ``/proc``)."""
+    total = 0
+    try:
+        for pid in pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    except (OSError, IndexError, ValueError):
+        return None
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ms_per_request(before: float | None, after: float | None, ok: int) -> float | None:
+    if before is None or after is None or ok == 0:
+        return None
+    return round((after - before) * 1e3 / ok, 3)
+
+
+def cache_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    queries = after[COUNTERS[0]] - before[COUNTERS[0]]
+    hits = after[COUNTERS[1]] - before[COUNTERS[1]]
+    return {
+        "prefix_cache_queries": queries,
+        "prefix_cache_hits": hits,
+        "prefix_cache_hit_rate": round(hits / queries, 4) if queries else None,
+        "generation_tokens": after[COUNTERS[3]] - before[COUNTERS[3]],
+    }
 
 
 # -- main ---------------------------------------------------------------------------------
@@ -510,6 +616,16 @@ def print_row(label: str, s: dict[str, Any]) -> None:
         f"TTFT p50 {s['ttft_p50_ms']!s:>8s} p99 {s['ttft_p99_ms']!s:>8s} ms  "
         f"E2E p50 {s['e2e_p50_ms']!s:>8s} p99 {s['e2e_p99_ms']!s:>8s} ms"
     )
+    engines_ = s.get("engines") or {}
+    extra = []
+    if engines_.get("cpu_ms_per_request") is not None:
+        extra.append(f"engine CPU {engines_['cpu_ms_per_request']} ms/req")
+    if s.get("gateway_cpu_ms_per_request") is not None:
+        extra.append(f"gateway CPU {s['gateway_cpu_ms_per_request']} ms/req")
+    if engines_.get("prefix_cache_hit_rate") is not None:
+        extra.append(f"prefix-cache hit rate {engines_['prefix_cache_hit_rate']}")
+    if extra:
+        print(f"{'':>10s}{', '.join(extra)} (warm-up included)")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -540,6 +656,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--gateway-arg", action="append", default=[], help="extra `conductor serve` argument"
     )
     p.add_argument("--no-gateway", action="store_true", help="only the direct run")
+    p.add_argument(
+        "--gateway-cmd",
+        default=f"{shlex.quote(sys.executable)} -m conductor.cli.main",
+        help="command that `serve ...` is appended to (default: this checkout's CLI)",
+    )
+    p.add_argument(
+        "--model-path",
+        type=Path,
+        default=None,
+        help="tokenizer folder for engines and gateway (default: none for the engines'\n"
+        "byte tokenizer; a generated one if the gateway needs --model-path)",
+    )
     p.add_argument("--target", default=None, help="load this running server instead")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--log-dir", type=Path, default=REPO_ROOT / "out" / "gateway_load")
@@ -612,25 +740,56 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _finish(result, args)
 
     args.log_dir.mkdir(parents=True, exist_ok=True)
+    serve: Serve | None = None
+    why = "--no-gateway"
+    if not args.no_gateway:
+        serve, why = find_serve(shlex.split(args.gateway_cmd))
+    model_path: Path | None = args.model_path
+    if model_path is None and serve is not None and serve.has("--model-path"):
+        model_path = make_tokenizer_dir(args.log_dir / "tokenizer")
     emulator_args = ["--instant"] if args.speedup is None else ["--speedup", str(args.speedup)]
+    emulator_args += ["--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN)]
+    if model_path is not None:
+        emulator_args += ["--model-path", str(model_path)]
+    result["config"]["model_path"] = None if model_path is None else str(model_path)
     with engines(args.engines, args.log_dir, emulator_args) as eng:
         result["engines"] = eng
+        pids = [e["pid"] for e in eng]
+        before, cpu0 = engine_counters(eng), cpu_s(pids)
         direct = summarize(run_load(spec_for(eng[0]["url"], args), args.procs))
+        direct["engines"] = cache_delta(before, engine_counters(eng))
+        direct["engines"]["cpu_ms_per_request"] = cpu_ms_per_request(
+            cpu0, cpu_s(pids), direct["ok"] + args.warmup
+        )
         result["direct"] = direct
         print_row("direct", direct)
-        available, why = (False, "--no-gateway") if args.no_gateway else serve_available()
-        if not available:
+        if serve is None:
             result["gateway"] = {"skipped": why}
             print(f"gateway: skipped: {why}")
             return _finish(result, args)
         port = free_ports(1)[0]
         url = f"http://127.0.0.1:{port}"
-        gw = start(
-            "gateway", gateway_args(eng, port, args.policy, args.gateway_arg), url, args.log_dir
+        cmd = gateway_args(
+            serve,
+            eng,
+            port,
+            args.policy,
+            model_path=model_path,
+            max_model_len=MAX_MODEL_LEN,
+            extra=args.gateway_arg,
         )
+        result["gateway_cmd"] = cmd
+        gw = start("gateway", cmd, url, args.log_dir)
         try:
             wait_ready(gw, 120, paths=("/health", "/v1/models"))
+            before, cpu0, gw_cpu0 = engine_counters(eng), cpu_s(pids), cpu_s([gw.popen.pid])
             through = summarize(run_load(spec_for(url, args), args.procs))
+            through["engines"] = cache_delta(before, engine_counters(eng))
+            served = through["ok"] + args.warmup
+            through["engines"]["cpu_ms_per_request"] = cpu_ms_per_request(cpu0, cpu_s(pids), served)
+            through["gateway_cpu_ms_per_request"] = cpu_ms_per_request(
+                gw_cpu0, cpu_s([gw.popen.pid]), served
+            )
         finally:
             stop(gw)
         result["gateway"] = through
