@@ -49,6 +49,9 @@ BLOCK_SIZE = 32
 MAX_MODEL_LEN = 8192
 TARGET_ADDED_P50_MS = 1.0
 TARGET_GATEWAY_RPS = 1000.0
+RUN_OFFSET = 100_000_000
+"""Run ``k`` numbers its requests (so its unique prompt suffixes) from ``k * RUN_OFFSET``, and
+its warm-up from half that: no run finds another's suffixes in the engines' caches."""
 
 
 # -- load generation ------------------------------------------------------------------------
@@ -303,7 +306,7 @@ async def _drive(spec: LoadSpec, count: int, first_index: int, deadline: float |
 
 async def run_load_async(spec: LoadSpec) -> Samples:
     if spec.warmup:
-        await _drive(spec, spec.warmup, 10_000_000 + spec.offset, None)
+        await _drive(spec, spec.warmup, RUN_OFFSET // 2 + spec.offset, None)
     return await _drive(spec, spec.requests, spec.offset, time.perf_counter() + spec.duration_s)
 
 
@@ -330,7 +333,7 @@ def run_load(spec: LoadSpec, procs: int) -> Samples:
                     "requests": spec.requests // procs + (p < spec.requests % procs),
                     "concurrency": max(1, spec.concurrency // procs),
                     "warmup": spec.warmup // procs,
-                    "offset": p * spec.requests,
+                    "offset": spec.offset + p * spec.requests,
                 }
             )
         )
@@ -697,7 +700,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def spec_for(url: str, args: argparse.Namespace) -> LoadSpec:
+def spec_for(url: str, args: argparse.Namespace, run: int = 0) -> LoadSpec:
     return LoadSpec(
         url=url,
         requests=args.requests,
@@ -710,6 +713,7 @@ def spec_for(url: str, args: argparse.Namespace) -> LoadSpec:
         warmup=args.warmup,
         timeout_s=args.timeout_s,
         client=args.client,
+        offset=run * RUN_OFFSET,
     )
 
 
@@ -783,7 +787,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             wait_ready(gw, 120, paths=("/health", "/v1/models"))
             before, cpu0, gw_cpu0 = engine_counters(eng), cpu_s(pids), cpu_s([gw.popen.pid])
-            through = summarize(run_load(spec_for(url, args), args.procs))
+            through = summarize(run_load(spec_for(url, args, run=1), args.procs))
             through["engines"] = cache_delta(before, engine_counters(eng))
             served = through["ok"] + args.warmup
             through["engines"]["cpu_ms_per_request"] = cpu_ms_per_request(cpu0, cpu_s(pids), served)
