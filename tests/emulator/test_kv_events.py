@@ -4,6 +4,7 @@ decoder, mapped by ``kv_ingest`` to the scheduler's chained hashes, and replayab
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 
 import httpx
@@ -43,28 +44,34 @@ async def _sub_socket(ctx: zmq.asyncio.Context, endpoint: str) -> zmq.asyncio.So
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.connect(endpoint)
-    await asyncio.sleep(0.3)  # the slow-joiner window of PUB/SUB
+    await asyncio.sleep(0.3)  # most of the slow-joiner window of PUB/SUB
     return sock
 
 
 def test_raw_frames_are_vllm_wire_format(emu: EmulatorThread) -> None:
-    async def main() -> list[list[bytes]]:
+    def prompt(k: int) -> str:
+        return f"{k:03d} " + PROMPT[4:]  # 144 tokens: one batch of 4 full blocks each
+
+    async def main() -> tuple[int, list[bytes]]:
         ctx = zmq.asyncio.Context()
         try:
             sock = await _sub_socket(ctx, emu.kv_endpoint)
-            await asyncio.to_thread(complete, emu, PROMPT)
-            async with asyncio.timeout(5):
-                return [await sock.recv_multipart()]
+            for k in range(20):  # until the SUB socket has joined (PUB drops before that)
+                await asyncio.to_thread(complete, emu, prompt(k))
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        return k, await sock.recv_multipart()
+            raise AssertionError("no KV event message arrived")
         finally:
             ctx.destroy(linger=0)
 
-    (frames,) = asyncio.run(main())
+    k, frames = asyncio.run(main())
     topic, seq, payload = frames
-    assert topic == b"kv" and seq == (0).to_bytes(8, "big")
+    assert topic == b"kv" and seq == k.to_bytes(8, "big")  # one batch per request, from 0
     ts, events, dp_rank = msgpack.unpackb(payload)
     assert isinstance(ts, float) and dp_rank == 0
     (event,) = events
-    tokens = list(PROMPT.encode())
+    tokens = list(prompt(k).encode())
     assert event == {
         "type": "BlockStored",
         "block_hashes": event["block_hashes"],
@@ -78,12 +85,12 @@ def test_raw_frames_are_vllm_wire_format(emu: EmulatorThread) -> None:
         "group_idx": 0,
         "kv_cache_spec_kind": "full_attention",
     }
-    assert list(event) == list(event.keys()) and next(iter(event)) == "type"
+    assert next(iter(event)) == "type"
     assert len(event["block_hashes"]) == 4 and all(
         isinstance(h, int) and 0 <= h < 2**64 for h in event["block_hashes"]
     )
     batch = decode_frames(frames)
-    assert batch.seq == 0 and isinstance(batch.events[0], EngineBlockStored)
+    assert batch.seq == k and isinstance(batch.events[0], EngineBlockStored)
     assert batch.events[0].engine_hashes == tuple(event["block_hashes"])
     # The engine's hashes are its own, not the scheduler's.
     assert list(batch.events[0].engine_hashes) != hash_blocks(tokens, 32)
@@ -106,12 +113,12 @@ def test_subscriber_maps_events_to_our_chained_hashes(emu: EmulatorThread) -> No
             async with asyncio.timeout(10), asyncio.TaskGroup() as tg:
                 task = tg.create_task(sub.run())
                 await sub.wait_connected()
-                await asyncio.sleep(0.3)
-                await asyncio.to_thread(complete, emu, PROMPT)
-                got.append(await queue.get())
-                # 8 more blocks of other prompts overflow the 12-block cache: evictions.
-                for k in range(3):
-                    await asyncio.to_thread(complete, emu, f"{k} other prompt text " * 6, 1)
+                await asyncio.sleep(0.5)
+                # PROMPT caches 4 blocks, then 3 x 3 blocks of other prompts overflow the
+                # 12-block cache: evictions. A batch published before the SUB socket joined
+                # comes back through replay.
+                for text in (PROMPT, *(f"{k} other prompt text " * 6 for k in range(3))):
+                    await asyncio.to_thread(complete, emu, text)
                 while len(got) < 4 or not any(isinstance(e, BlocksRemoved) for e in got):
                     got.append(await queue.get())
                 task.cancel()
