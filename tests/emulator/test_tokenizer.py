@@ -78,3 +78,24 @@ def test_hf_tokenizer_errors_name_the_path(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     with pytest.raises(InvalidInput, match="cannot load a tokenizer"):
         HfTokenizer(tmp_path)
+
+
+def test_emulator_serves_with_a_hf_tokenizer(tmp_path: Path) -> None:
+    import httpx
+
+    from conductor.emulator.config import EmulatorConfig
+    from tests.emulator.helpers import running_emulator
+
+    _make_hf_tokenizer(tmp_path)
+    tok = HfTokenizer(tmp_path)
+    prompt = "the cache holds blocks of keys and values " * 8
+    with running_emulator(EmulatorConfig(instant=True), tokenizer=tok) as emu:
+        r = httpx.post(
+            f"{emu.base_url}/v1/completions", json={"prompt": prompt, "max_tokens": 5}, timeout=10
+        )
+        info = httpx.get(f"{emu.base_url}/emulator/info", timeout=10).json()
+    body = r.json()
+    assert body["usage"]["prompt_tokens"] == len(tok.encode(prompt))
+    _, texts = output_tokens(tok, 0, tok.encode(prompt), 5)
+    assert body["choices"][0]["text"] == "".join(texts)
+    assert info["tokenizer"] == tmp_path.name

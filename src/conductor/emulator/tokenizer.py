@@ -84,7 +84,7 @@ class Tokenizer(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
@@ -102,7 +102,7 @@ class ByteTokenizer:
     def vocab_size(self) -> int:
         return BYTE_VOCAB_SIZE
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -135,8 +135,9 @@ class HfTokenizer:
     def vocab_size(self) -> int:
         return len(self._tok)
 
-    def encode(self, text: str) -> list[int]:
-        return [int(t) for t in self._tok.encode(text)]
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        return [int(t) for t in ids]
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(token_ids)))
@@ -146,7 +147,7 @@ class HfTokenizer:
             text = self._tok.apply_chat_template(
                 [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
             )
-            return [int(t) for t in self._tok.encode(str(text), add_special_tokens=False)]
+            return self.encode(str(text), add_special_tokens=False)
         text = "".join(CHAT_TEMPLATE.format(role=m["role"], content=m["content"]) for m in messages)
         return self.encode(text + CHAT_GENERATION_PROMPT)
 
@@ -171,7 +172,7 @@ def output_tokens(
     ids: list[int] = []
     while len(ids) < n:
         words = " ".join(rng.choice(OUTPUT_WORDS) for _ in range(max(4, n // 4)))
-        ids.extend(tokenizer.encode(" " + words))
+        ids.extend(tokenizer.encode(" " + words, add_special_tokens=False))
     ids = ids[:n]
     if isinstance(tokenizer, ByteTokenizer):
         return ids, [chr(t) for t in ids]  # OUTPUT_WORDS are ASCII: one byte, one char
