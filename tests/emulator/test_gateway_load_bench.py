@@ -1,0 +1,140 @@
+"""Smoke tests of bench/gateway_load.py (its load generator against a real emulator, its
+gateway detection and command line); the benchmark's figures are not asserted."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from conductor.emulator.config import EmulatorConfig
+from tests.emulator.helpers import running_emulator
+from tests.engines.fixtures import REPO_ROOT
+
+
+def _load_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "gateway_load", REPO_ROOT / "bench" / "gateway_load.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gateway_load"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+
+def spec(url: str, client: str, n: int = 30) -> object:
+    return bench.LoadSpec(
+        url=url,
+        requests=n,
+        duration_s=20.0,
+        concurrency=4,
+        max_tokens=3,
+        prompt_tokens=80,
+        shared_prefix_tokens=40,
+        prefix_groups=2,
+        warmup=2,
+        timeout_s=10.0,
+        client=client,
+    )
+
+
+@pytest.mark.parametrize("client", ["raw", "httpx"])
+def test_load_generator_against_an_emulator(client: str) -> None:
+    with running_emulator(EmulatorConfig(instant=True, model_name="bench"), kv_events=False) as emu:
+        samples = asyncio.run(bench.run_load_async(spec(emu.base_url, client)))
+    assert (len(samples.e2e_s), samples.errors, samples.tokens) == (30, 0, 90)
+    assert all(0 < t <= e for t, e in zip(samples.ttft_s, samples.e2e_s, strict=True))
+    summary = bench.summarize(samples)
+    assert summary["ok"] == 30 and summary["requests_per_s"] > 0
+    assert summary["ttft_p50_ms"] <= summary["e2e_p99_ms"]
+
+
+@pytest.mark.parametrize("client", ["raw", "httpx"])
+def test_load_generator_counts_http_errors(client: str) -> None:
+    cfg = EmulatorConfig(instant=True, model_name="not-bench")
+    with running_emulator(cfg, kv_events=False) as emu:
+        samples = asyncio.run(bench.run_load_async(spec(emu.base_url, client, n=5)))
+    assert samples.errors == 5 and not samples.e2e_s
+    assert "404" in samples.error_examples[0]
+
+
+def test_prompts_share_group_prefixes() -> None:
+    s = spec("http://127.0.0.1:1", "raw")
+    a, b, c = (bench.prompt_for(i, s) for i in (0, 2, 1))
+    assert len(a) == len(b) == 80
+    assert a[:40] == b[:40] != c[:40] and a != b
+
+
+def test_only_loopback_targets() -> None:
+    bench.check_loopback("http://127.0.0.1:8000")
+    bench.check_loopback("http://localhost:8000")
+    for url in ("http://10.0.0.5:8000", "http://example.com", "http://192.168.1.2:80"):
+        with pytest.raises(SystemExit):
+            bench.check_loopback(url)
+
+
+def test_gateway_detection_and_command_line() -> None:
+    missing, why = bench.find_serve([sys.executable, "-c", "import sys; sys.exit(2)"])
+    assert missing is None and "no `conductor serve`" in why
+    silent, _ = bench.find_serve([sys.executable, "-c", "pass"])  # exits 0, prints no help
+    assert silent is None
+    serve, _ = bench.find_serve([sys.executable, "-c", "print('--engine TEXT --model-path P')"])
+    assert serve is not None and serve.has("--model-path") and not serve.has("--model")
+    engines = [{"url": "http://127.0.0.1:1", "kv_events": "tcp://127.0.0.1:2"}]
+    cmd = bench.gateway_args(
+        serve,
+        engines,
+        9,
+        "conductor",
+        model_path=Path("/tok"),
+        max_model_len=100,
+        extra=["--admission", "off"],
+    )
+    assert cmd[len(serve.prefix) :] == [
+        "serve",
+        "--engine",
+        "http://127.0.0.1:1,role=both,kv_events=tcp://127.0.0.1:2",
+        "--port",
+        "9",
+        "--policy",
+        "conductor",
+        "--model-path",
+        "/tok",
+        "--admission",
+        "off",
+    ]
+
+
+def test_direct_run_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    code = bench.main(
+        [
+            "--engines",
+            "1",
+            "--requests",
+            "20",
+            "--warmup",
+            "2",
+            "--concurrency",
+            "4",
+            "--no-gateway",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["direct"]["ok"] == 20 and result["direct"]["errors"] == 0
+    assert result["direct"]["engines"]["prefix_cache_queries"] == 22 * 256
+    assert result["gateway"] == {"skipped": "--no-gateway"}

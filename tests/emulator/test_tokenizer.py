@@ -1,0 +1,101 @@
+"""The emulator's tokenizers and deterministic output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conductor.core.errors import InvalidInput
+from conductor.emulator.tokenizer import ByteTokenizer, HfTokenizer, output_tokens
+
+
+def test_byte_tokenizer_is_utf8_bytes() -> None:
+    tok = ByteTokenizer()
+    assert tok.encode("hé") == [104, 195, 169]
+    assert tok.decode([104, 195, 169]) == "hé"
+    assert tok.vocab_size == 256
+    rendered = tok.render_chat([{"role": "user", "content": "hi"}])
+    assert tok.decode(rendered) == "<|user|>\nhi\n<|assistant|>\n"
+
+
+def test_output_is_a_function_of_seed_and_prompt() -> None:
+    tok = ByteTokenizer()
+    ids, texts = output_tokens(tok, 0, [1, 2, 3], 40)
+    assert len(ids) == len(texts) == 40
+    assert output_tokens(tok, 0, [1, 2, 3], 40) == (ids, texts)
+    # A shorter request gets a prefix of the same completion.
+    assert output_tokens(tok, 0, [1, 2, 3], 10) == (ids[:10], texts[:10])
+    assert output_tokens(tok, 1, [1, 2, 3], 40)[0] != ids
+    assert output_tokens(tok, 0, [1, 2, 4], 40)[0] != ids
+    assert "".join(texts) == tok.decode(ids)
+    assert output_tokens(tok, 0, [1], 0) == ([], [])
+
+
+def test_output_tokens_are_stable_across_versions() -> None:
+    """Pinned: changing the generator changes every emulated completion."""
+    tok = ByteTokenizer()
+    _, texts = output_tokens(tok, 0, tok.encode("hello"), 24)
+    assert "".join(texts) == " computes request the th"
+
+
+def _make_hf_tokenizer(path: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(["the cache holds blocks of keys and values"] * 20, trainer=trainer)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>"
+    )
+    fast.save_pretrained(str(path))
+
+
+def test_hf_tokenizer_from_a_local_folder(tmp_path: Path) -> None:
+    _make_hf_tokenizer(tmp_path)
+    tok = HfTokenizer(tmp_path)
+    ids = tok.encode("the cache holds")
+    assert tok.decode(ids) == "the cache holds"
+    assert tok.vocab_size >= 256
+    out_ids, texts = output_tokens(tok, 0, ids, 6)
+    assert len(out_ids) == 6 and "".join(texts) == tok.decode(out_ids)
+    chat = tok.render_chat([{"role": "user", "content": "hi"}])  # no template: ours
+    assert tok.decode(chat) == "<|user|>\nhi\n<|assistant|>\n"
+
+
+def test_hf_tokenizer_errors_name_the_path(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="not a directory"):
+        HfTokenizer(tmp_path / "missing")
+    pytest.importorskip("transformers")
+    with pytest.raises(InvalidInput, match="cannot load a tokenizer"):
+        HfTokenizer(tmp_path)
+
+
+def test_emulator_serves_with_a_hf_tokenizer(tmp_path: Path) -> None:
+    import httpx
+
+    from conductor.emulator.config import EmulatorConfig
+    from tests.emulator.helpers import running_emulator
+
+    _make_hf_tokenizer(tmp_path)
+    tok = HfTokenizer(tmp_path)
+    prompt = "the cache holds blocks of keys and values " * 8
+    with running_emulator(EmulatorConfig(instant=True), tokenizer=tok) as emu:
+        r = httpx.post(
+            f"{emu.base_url}/v1/completions", json={"prompt": prompt, "max_tokens": 5}, timeout=10
+        )
+        info = httpx.get(f"{emu.base_url}/emulator/info", timeout=10).json()
+    body = r.json()
+    assert body["usage"]["prompt_tokens"] == len(tok.encode(prompt))
+    _, texts = output_tokens(tok, 0, tok.encode(prompt), 5)
+    assert body["choices"][0]["text"] == "".join(texts)
+    assert info["tokenizer"] == tmp_path.name
