@@ -167,3 +167,33 @@ def test_tbt_factor_models_the_long_first_interval() -> None:
     assert tbt_factor(11) == 1.5  # 10 intervals: k = 1
     assert tbt_factor(21) == 1.25  # k = 2
     assert tbt_factor(1001) == pytest.approx(1.005)  # k = 100
+
+
+def test_decode_prefers_the_prefill_rack_when_it_meets_the_slo() -> None:
+    from conductor.core.conductor import Conductor
+    from conductor.core.config import SchedulerConfig
+    from conductor.core.state import InstanceSpec
+    from conductor.core.types import Role
+
+    from .helpers import LINEAR_COST
+
+    c = Conductor(LINEAR_COST, policy="round_robin", config=SchedulerConfig(block_size_tokens=4))
+    c.add_instance(InstanceSpec(iid("p0"), Role.PREFILL, rack="A"))
+    c.add_instance(InstanceSpec(iid("dB"), Role.DECODE, rack="B"))
+    c.add_instance(InstanceSpec(iid("dA"), Role.DECODE, rack="A"))
+    # dA holds one request (12 ms x 1.5 = 18 ms), dB none (16.5 ms): dB is faster, but dA
+    # is in p0's rack and within the 100 ms SLO
+    c.instances[iid("dA")].decode.admit(RequestId("x"), 4, 10)
+    plan = _plan(c, req("r", (), 8))
+    assert plan.decode == "dA"
+    assert plan.predicted_tbt_s == pytest.approx(0.012 * 1.5)
+    # outside the SLO the faster remote one wins
+    tight = Conductor(
+        LINEAR_COST,
+        policy="round_robin",
+        config=SchedulerConfig(block_size_tokens=4, tbt_slo_s=0.017),
+    )
+    for spec in c.instances.values():
+        tight.add_instance(spec.spec)
+    tight.instances[iid("dA")].decode.admit(RequestId("x"), 4, 10)
+    assert _plan(tight, req("r", (), 8)).decode == "dB"

@@ -15,6 +15,7 @@ import math
 
 from conductor.core.policies.base import DecodeChoice, PrefillChoice, SchedulingContext
 from conductor.core.state import InstanceState
+from conductor.core.types import InstanceId
 
 
 def tbt_factor(output_tokens: int) -> float:
@@ -48,11 +49,42 @@ def has_room(ctx: SchedulingContext, inst: InstanceState) -> bool:
     return d.kv_reserved_tokens + need <= cap and d.batch_size < batch
 
 
+def _rack_of(ctx: SchedulingContext, iid: InstanceId) -> str | None:
+    for inst in ctx.prefill_pool:
+        if inst.spec.instance_id == iid:
+            return inst.spec.rack
+    return None
+
+
+def _same_rack(
+    ctx: SchedulingContext,
+    prefill: PrefillChoice,
+    best: InstanceState,
+    need: int,
+    factor: float,
+    slo: float,
+) -> DecodeChoice | None:
+    """Decode near the prefill node: when the lowest-TBT instance sits in another rack than
+    the prefill instance, the lowest-TBT instance of the prefill's rack that also meets the
+    TBT SLO and has room (the KV hand-off then stays inside the rack), else None."""
+    rack = _rack_of(ctx, prefill.instance)
+    if rack is None or best.spec.rack == rack:
+        return None
+    choice: DecodeChoice | None = None
+    for inst in ctx.decode_pool:
+        if inst.spec.rack != rack or not has_room(ctx, inst):
+            continue
+        d = inst.decode
+        tbt = ctx.cost.decode_step_s(d.batch_size + 1, d.kv_reserved_tokens + need) * factor
+        if tbt <= slo and (choice is None or tbt < choice.tbt_s):
+            choice = DecodeChoice(inst.spec.instance_id, tbt, True)
+    return choice
+
+
 def least_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
     """The lowest predicted TBT among instances with room, the first on ties; else the
     lowest among all (``fits`` False). The loop inlines :func:`predicted_tbt_s` and
     :func:`has_room` (same formulas) and builds only the returned choice object."""
-    del prefill
     req = ctx.request
     slo = req.tbt_slo_s or ctx.config.tbt_slo_s
     need = req.prompt_tokens + req.output_tokens
@@ -85,6 +117,10 @@ def least_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
             if fallback is None or tbt < fallback_tbt:
                 fallback, fallback_tbt = inst, tbt
     if best is not None:
+        if best_tbt <= slo and len(ctx.decode_pool) > 1:
+            near = _same_rack(ctx, prefill, best, need, factor, slo)
+            if near is not None:
+                return near
         return DecodeChoice(best.spec.instance_id, best_tbt, best_tbt <= slo)
     assert fallback is not None, "decode pool is empty"
     return DecodeChoice(fallback.spec.instance_id, fallback_tbt, False)
