@@ -1,0 +1,1 @@
+"""``conductor demo``: a gateway in front of an emulated 2-prefill + 2-decode cluster."""
