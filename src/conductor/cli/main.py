@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from conductor.cli import sim_cmd
+from conductor.cli import serve_cmd, sim_cmd
 from conductor.cli.trace_cmd import trace_app
 
 app = typer.Typer(
@@ -18,6 +18,7 @@ app = typer.Typer(
 )
 app.add_typer(trace_app, name="trace")
 sim_cmd.register(app)
+serve_cmd.register(app)
 
 
 def main() -> None:
