@@ -100,28 +100,32 @@ class EngineHandle:
         self.tasks.clear()
 
 
-def make_handle(
-    config: EngineConfig, *, queue_size: int, zmq_context: zmq.asyncio.Context
-) -> EngineHandle:
-    """A handle with its KV-event pipeline (not started). Our hashes of the engine's blocks
-    are :func:`conductor.core.hashing.hash_block` chains, the same function the request path
-    uses through ``hash_blocks``, so both sides agree block for block."""
+def make_handle(config: EngineConfig, *, queue_size: int) -> EngineHandle:
+    """A handle with its KV-event ingest and queue (the subscriber comes with
+    :func:`attach_subscriber` once the gateway runs). Our hashes of the engine's blocks are
+    :func:`conductor.core.hashing.hash_block` chains, the same function the request path uses
+    through ``hash_blocks``, so both sides agree block for block."""
     handle = EngineHandle(config)
     if config.kv_events is None:
         return handle
     engine_id = InstanceId(config.engine_id)
-    ingest = TimedIngest(
+    handle.ingest = TimedIngest(
         EngineHashMapper(engine_id, hash_block), block_size_tokens=config.block_size_tokens
     )
-    queue: asyncio.Queue[KvEvent] = asyncio.Queue(maxsize=queue_size)
-    handle.ingest = ingest
-    handle.queue = queue
+    handle.queue = asyncio.Queue(maxsize=queue_size)
+    return handle
+
+
+def attach_subscriber(handle: EngineHandle, zmq_context: zmq.asyncio.Context) -> None:
+    """Give ``handle`` a subscriber on ``zmq_context`` (a no-op without KV events)."""
+    config = handle.config
+    if config.kv_events is None or handle.ingest is None or handle.queue is None:
+        return
     handle.subscriber = VllmKvSubscriber(
         endpoint=config.kv_events,
-        ingest=ingest,
-        queue=queue,
+        ingest=handle.ingest,
+        queue=handle.queue,
         topic=config.topic.encode(),
         replay_endpoint=config.replay,
         context=zmq_context,
     )
-    return handle

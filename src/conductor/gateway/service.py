@@ -36,7 +36,7 @@ from conductor.core.plan import Plan, Rejection
 from conductor.core.state import InstanceSpec
 from conductor.core.types import InstanceId, Request, RequestId, Role
 from conductor.gateway.config import EngineConfig, GatewayConfig, check_engine_fits
-from conductor.gateway.engines import EngineHandle, make_handle
+from conductor.gateway.engines import EngineHandle, attach_subscriber, make_handle
 from conductor.gateway.errors import (
     BadRequest,
     Conflict,
@@ -108,8 +108,8 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.metrics.attach_state(self.snapshot, conductor.inflight)
         self._transport = transport
-        self._owns_zmq = zmq_context is None
-        self._zmq = zmq_context if zmq_context is not None else zmq.asyncio.Context()
+        self._zmq_given = zmq_context
+        self._zmq: zmq.asyncio.Context | None = None
         self._client: httpx.AsyncClient | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._loops: list[asyncio.Task[None]] = []
@@ -131,6 +131,7 @@ class Gateway:
             pool=up.connect_timeout_s,
         )
         limits = httpx.Limits(max_connections=2048, max_keepalive_connections=256)
+        self._zmq = self._zmq_given if self._zmq_given is not None else zmq.asyncio.Context()
         try:
             async with (
                 httpx.AsyncClient(transport=self._transport, timeout=timeout, limits=limits) as c,
@@ -155,8 +156,9 @@ class Gateway:
                     self._loops = []
         finally:
             self._client = None
-            if self._owns_zmq:
+            if self._zmq_given is None:
                 self._zmq.destroy(linger=0)
+            self._zmq = None
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -165,7 +167,10 @@ class Gateway:
         return self._client
 
     def _start_engine(self, handle: EngineHandle) -> None:
-        if self._tg is None or handle.subscriber is None:
+        if self._tg is None or self._zmq is None:
+            return
+        attach_subscriber(handle, self._zmq)
+        if handle.subscriber is None:
             return
         name = handle.engine_id
         handle.tasks = [
@@ -182,9 +187,7 @@ class Gateway:
         self.conductor.add_instance(
             InstanceSpec(engine_id, config.role, nic_bytes_per_s=NO_FETCH_BYTES_PER_S)
         )
-        handle = make_handle(
-            config, queue_size=self.config.monitor.kv_queue_size, zmq_context=self._zmq
-        )
+        handle = make_handle(config, queue_size=self.config.monitor.kv_queue_size)
         self.engines[engine_id] = handle
         self._start_engine(handle)
         log.info("engine %s added (%s, %s)", engine_id, config.role.value, config.url)
@@ -430,7 +433,15 @@ class Gateway:
             rid = RequestId(base_id if attempt == 0 else f"{base_id}-retry{attempt}")
             now = self.clock()
             request = Request(rid, len(token_ids), hashes, output_tokens, arrival_s=now)
-            plan = self._schedule(request, now)
+            try:
+                plan = self._schedule(request, now)
+            except NoEngine as exc:
+                if not failures:
+                    raise
+                raise NoEngine(
+                    f"no engine could start the request: {'; '.join(failures)}; {exc.message}",
+                    headers=exc.headers,
+                ) from None
             flight = Flight(
                 self.conductor,
                 plan,
