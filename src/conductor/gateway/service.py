@@ -287,15 +287,15 @@ class Gateway:
                     event = await queue.get()
             if sub.needs_resync:
                 self._resync(handle)
-            elif event is not None:
+            if event is not None:
                 self._apply_kv(handle, event)
 
     def _resync(self, handle: EngineHandle) -> None:
-        """Events were lost: drop what is queued and the engine's index entries; the index
-        refills from new events (vLLM has no snapshot API)."""
-        assert handle.queue is not None and handle.subscriber is not None
-        while not handle.queue.empty():
-            handle.queue.get_nowait()
+        """Events were lost (queue overflow, sequence gap without replay, undecodable batch):
+        the engine's index entries may hold blocks it has since evicted, so they are cleared
+        with the hash map; the index refills from the events that follow (vLLM has no
+        snapshot API). Events already queued are still true stores and are kept."""
+        assert handle.subscriber is not None
         with contextlib.suppress(UnknownInstance):
             self._clear_blocks(handle)
         handle.subscriber.resynced()
