@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from conductor.cli import demo_cmd, emulate_cmd, sim_cmd
+from conductor.cli import demo_cmd, emulate_cmd, serve_cmd, sim_cmd
 from conductor.cli.bench_cmd import bench_app
 from conductor.cli.trace_cmd import trace_app
 
@@ -21,6 +21,7 @@ app.add_typer(trace_app, name="trace")
 sim_cmd.register(app)
 app.add_typer(bench_app, name="bench")
 emulate_cmd.register(app)
+serve_cmd.register(app)
 demo_cmd.register(app)
 
 

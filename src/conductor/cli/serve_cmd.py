@@ -1,0 +1,211 @@
+"""``conductor serve``: the scheduler as an OpenAI-compatible gateway in front of vLLM engines.
+
+This is the composition root of the gateway: it resolves the configuration
+(:mod:`conductor.cli.serve_config`), loads the tokenizer, builds the
+:class:`~conductor.core.conductor.Conductor`, the :class:`~conductor.gateway.service.Gateway`
+and its Starlette app, and runs uvicorn. ``--check`` prints the resolved configuration and
+exits instead. Bad configuration exits with status 2 and names the field and the value.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from conductor.cli.serve_config import DEFAULTS, ServeSettings, build_settings
+from conductor.core.conductor import Conductor
+from conductor.core.errors import ConductorError
+from conductor.core.policies import policy_names
+from conductor.core.policies.colocated import ColocatedDecode
+from conductor.gateway.costs import preset_names
+
+ADMIN_TOKEN_ENV = "CONDUCTOR_ADMIN_TOKEN"
+
+
+def build_conductor(settings: ServeSettings) -> Conductor:
+    """The scheduler for the gateway: requests placed on a ``both`` engine decode there."""
+    conductor = Conductor(settings.cost, policy=settings.policy, config=settings.scheduler)
+    conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
+    return conductor
+
+
+def run_server(settings: ServeSettings) -> None:
+    import uvicorn
+
+    from conductor.gateway.app import create_app
+    from conductor.gateway.service import Gateway
+    from conductor.gateway.tokenizer import HfTokenizer
+
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call
+    tokenizer = HfTokenizer.load(settings.model_path)
+    gateway = Gateway(settings.gateway, build_conductor(settings), tokenizer)
+    app = create_app(gateway)
+    uvicorn.run(
+        app,
+        host=settings.gateway.host,
+        port=settings.gateway.port,
+        log_level=settings.log_level,
+        lifespan="on",
+        ws="none",
+        timeout_graceful_shutdown=10,
+    )
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve_cmd(
+        config: Annotated[
+            Path | None, typer.Option("--config", help="TOML file: [gateway] and [[engines]]")
+        ] = None,
+        engine: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--engine",
+                help="URL,role=prefill|decode|both[,kv_events=tcp://h:p][,replay=tcp://h:p]"
+                "[,model=NAME][,block_size=N][,id=NAME][,topic=T]; repeatable",
+            ),
+        ] = None,
+        model_path: Annotated[
+            str | None,
+            typer.Option("--model-path", help="local model folder (tokenizer, chat template)"),
+        ] = None,
+        model_name: Annotated[
+            str | None, typer.Option("--model-name", help="model name clients use")
+        ] = None,
+        max_model_len: Annotated[
+            int | None, typer.Option("--max-model-len", help="default: the model's config.json")
+        ] = None,
+        block_size: Annotated[
+            int | None,
+            typer.Option("--block-size", help=f"engines' KV block size [{DEFAULTS['block_size']}]"),
+        ] = None,
+        policy: Annotated[
+            str | None,
+            typer.Option(
+                "--policy", help=f"{', '.join(sorted(policy_names()))} [{DEFAULTS['policy']}]"
+            ),
+        ] = None,
+        admission: Annotated[
+            str | None,
+            typer.Option("--admission", help="off|baseline|early|predictive [policy's own]"),
+        ] = None,
+        preset: Annotated[
+            str | None,
+            typer.Option(
+                "--preset", help=f"cost model: {', '.join(preset_names())} [{DEFAULTS['preset']}]"
+            ),
+        ] = None,
+        prefill_tokens_per_s: Annotated[
+            float | None,
+            typer.Option("--prefill-tokens-per-s", help="calibrate: measured prefill rate"),
+        ] = None,
+        decode_step_ms: Annotated[
+            float | None,
+            typer.Option("--decode-step-ms", help="calibrate: measured decode step time"),
+        ] = None,
+        ttft_slo_s: Annotated[
+            float | None, typer.Option("--ttft-slo-s", help="TTFT SLO [30]")
+        ] = None,
+        tbt_slo_ms: Annotated[
+            float | None, typer.Option("--tbt-slo-ms", help="TBT SLO [100]")
+        ] = None,
+        admin_token: Annotated[
+            str | None,
+            typer.Option(
+                "--admin-token",
+                envvar=ADMIN_TOKEN_ENV,
+                show_envvar=True,
+                help="bearer token of the admin API (none: admin API disabled)",
+            ),
+        ] = None,
+        host: Annotated[str | None, typer.Option("--host", help="[127.0.0.1]")] = None,
+        port: Annotated[int | None, typer.Option("--port", help="[8000]")] = None,
+        max_body_bytes: Annotated[
+            int | None, typer.Option("--max-body-bytes", help="[4 MiB]")
+        ] = None,
+        request_timeout_s: Annotated[
+            float | None, typer.Option("--request-timeout-s", help="per request [600]")
+        ] = None,
+        read_timeout_s: Annotated[
+            float | None, typer.Option("--read-timeout-s", help="between upstream bytes [300]")
+        ] = None,
+        connect_timeout_s: Annotated[
+            float | None, typer.Option("--connect-timeout-s", help="[5]")
+        ] = None,
+        max_attempts: Annotated[
+            int | None, typer.Option("--max-attempts", help="schedules per request [3]")
+        ] = None,
+        kv_transfer_params: Annotated[
+            bool | None,
+            typer.Option(
+                "--kv-transfer-params/--no-kv-transfer-params",
+                help="P/D legs carry kv_transfer_params (NIXL/Mooncake connectors) [off]",
+            ),
+        ] = None,
+        health_interval_s: Annotated[
+            float | None, typer.Option("--health-interval-s", help="[2]")
+        ] = None,
+        load_interval_s: Annotated[
+            float | None, typer.Option("--load-interval-s", help="engine /metrics polls [1]")
+        ] = None,
+        seed: Annotated[int | None, typer.Option("--seed", help="scheduler seed [0]")] = None,
+        log_level: Annotated[
+            str | None, typer.Option("--log-level", help="debug|info|warning|error [info]")
+        ] = None,
+        check: Annotated[
+            bool, typer.Option("--check", help="print the resolved configuration and exit")
+        ] = False,
+    ) -> None:
+        """Serve the OpenAI API in front of vLLM engines, scheduled by conductor."""
+        cli: dict[str, object | None] = {
+            "model_path": model_path,
+            "model_name": model_name,
+            "max_model_len": max_model_len,
+            "block_size": block_size,
+            "policy": policy,
+            "admission": admission,
+            "preset": preset,
+            "prefill_tokens_per_s": prefill_tokens_per_s,
+            "decode_step_ms": decode_step_ms,
+            "ttft_slo_s": ttft_slo_s,
+            "tbt_slo_ms": tbt_slo_ms,
+            "admin_token": admin_token,
+            "host": host,
+            "port": port,
+            "max_body_bytes": max_body_bytes,
+            "request_timeout_s": request_timeout_s,
+            "read_timeout_s": read_timeout_s,
+            "connect_timeout_s": connect_timeout_s,
+            "max_attempts": max_attempts,
+            "kv_transfer_params": kv_transfer_params,
+            "health_interval_s": health_interval_s,
+            "load_interval_s": load_interval_s,
+            "seed": seed,
+            "log_level": log_level,
+        }
+        try:
+            settings = build_settings(cli, list(engine or []), config)
+        except ConductorError as exc:
+            raise _fail(str(exc)) from None
+        if check:
+            typer.echo(json.dumps(settings.describe(), indent=2))
+            return
+        try:
+            run_server(settings)
+        except ConductorError as exc:
+            raise _fail(str(exc)) from None
+
+
+__all__ = ["build_conductor", "register"]

@@ -1,0 +1,241 @@
+"""Gateway configuration: frozen dataclasses, built once by the CLI (or by tests).
+
+Each engine is one :class:`EngineConfig`; the whole service is one :class:`GatewayConfig`.
+Values are checked here (``__post_init__``) so that every way of building them — the TOML
+file, ``--engine`` options, ``POST /admin/engines`` — fails the same way: an
+:class:`~conductor.core.errors.InvalidInput` naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from conductor.core.errors import InvalidInput
+from conductor.core.types import Role
+
+ENGINE_KEYS = ("id", "url", "role", "kv_events", "replay", "model", "block_size", "topic")
+"""The keys an engine may be given (TOML table, ``--engine`` option, admin JSON body)."""
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
+KV_TRANSFER_PARAMS_PREFILL: Mapping[str, object] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+"""What the prefill leg carries for NIXL/Mooncake-style connectors (vLLM toy proxy)."""
+
+
+def _check_url(name: str, value: str, schemes: tuple[str, ...]) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in schemes or not parts.hostname or parts.port is None:
+        raise InvalidInput(name, value, f"must look like {schemes[0]}://host:port")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """One upstream engine (a vLLM OpenAI server).
+
+    ``url``: its HTTP base (``http://host:port``); ``role``: prefill, decode or both;
+    ``kv_events``: its KV-event PUB endpoint (``tcp://host:port``; None: the gateway learns
+    nothing about its cache); ``replay``: its replay ROUTER endpoint, if any; ``model``: the
+    model name to send upstream (None: the gateway's own model name); ``block_size_tokens``:
+    the engine's ``--block-size`` (must equal the gateway's); ``topic``: the KV-event topic
+    to subscribe to ("" = all).
+    """
+
+    engine_id: str
+    url: str
+    role: Role
+    kv_events: str | None = None
+    replay: str | None = None
+    model: str | None = None
+    block_size_tokens: int = 16
+    topic: str = ""
+
+    def __post_init__(self) -> None:
+        if not _ID_RE.match(self.engine_id):
+            raise InvalidInput(
+                "id", self.engine_id, "must be 1-128 of [A-Za-z0-9_.:@-], starting alphanumeric"
+            )
+        _check_url("url", self.url, ("http", "https"))
+        if self.url.endswith("/"):
+            raise InvalidInput("url", self.url, "must not end with '/'")
+        if self.kv_events is not None:
+            _check_url("kv_events", self.kv_events, ("tcp",))
+        if self.replay is not None:
+            _check_url("replay", self.replay, ("tcp",))
+            if self.kv_events is None:
+                raise InvalidInput("replay", self.replay, "needs kv_events as well")
+        if self.block_size_tokens <= 0:
+            raise InvalidInput("block_size", self.block_size_tokens, "must be > 0")
+        if self.model is not None and not self.model:
+            raise InvalidInput("model", self.model, "must not be empty")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.engine_id,
+            "url": self.url,
+            "role": self.role.value,
+            "kv_events": self.kv_events,
+            "replay": self.replay,
+            "model": self.model,
+            "block_size": self.block_size_tokens,
+            "topic": self.topic,
+        }
+
+
+def default_engine_id(url: str) -> str:
+    """``host:port`` of ``url`` (the id an engine gets when none is given)."""
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port}"
+
+
+def engine_from_mapping(
+    values: Mapping[str, object], *, default_block_size: int, where: str = "engine"
+) -> EngineConfig:
+    """Build an :class:`EngineConfig` from loose key/value pairs (TOML table, ``--engine``
+    pairs, admin JSON). Unknown keys and wrong types raise :class:`InvalidInput` whose field
+    is prefixed with ``where`` (e.g. ``engines[1].role``)."""
+    unknown = sorted(set(values) - set(ENGINE_KEYS))
+    if unknown:
+        raise InvalidInput(
+            f"{where}.{unknown[0]}", values[unknown[0]], f"unknown key; known: {ENGINE_KEYS}"
+        )
+
+    def text(key: str, required: bool = False) -> str | None:
+        value = values.get(key)
+        if value is None:
+            if required:
+                raise InvalidInput(f"{where}.{key}", None, "is required")
+            return None
+        if not isinstance(value, str):
+            raise InvalidInput(f"{where}.{key}", value, "must be a string")
+        return value
+
+    url = text("url", required=True)
+    assert url is not None
+    role_text = text("role", required=True)
+    try:
+        role = Role(role_text)
+    except ValueError:
+        raise InvalidInput(
+            f"{where}.role", role_text, "must be one of prefill, decode, both"
+        ) from None
+    block_size = values.get("block_size", default_block_size)
+    if isinstance(block_size, str) and block_size.strip().isdigit():
+        block_size = int(block_size)
+    if isinstance(block_size, bool) or not isinstance(block_size, int):
+        raise InvalidInput(f"{where}.block_size", block_size, "must be an integer")
+    try:
+        return EngineConfig(
+            engine_id=text("id") or default_engine_id(url),
+            url=url,
+            role=role,
+            kv_events=text("kv_events"),
+            replay=text("replay"),
+            model=text("model"),
+            block_size_tokens=block_size,
+            topic=text("topic") or "",
+        )
+    except InvalidInput as exc:
+        raise InvalidInput(f"{where}.{exc.field}", exc.value, exc.why) from None
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    """Timeouts and retries of the calls to engines (seconds)."""
+
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 300.0
+    """Longest wait for the next bytes of a response (a non-streamed answer: all of it)."""
+    request_timeout_s: float = 600.0
+    """Longest an accepted request may take from scheduling to its last byte."""
+    max_attempts: int = 3
+    """Schedules per request: retries go to another engine after a failure to start."""
+    kv_transfer_params: bool = False
+    """Disaggregated flow for NIXL/Mooncake connectors: the prefill leg carries
+    :data:`KV_TRANSFER_PARAMS_PREFILL` and its answer's ``kv_transfer_params`` go to the
+    decode leg. Off for vLLM's ExampleConnector (shared folder), which needs none."""
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout_s", "read_timeout_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise InvalidInput(name, value, "must be > 0")
+        if self.max_attempts < 1:
+            raise InvalidInput("max_attempts", self.max_attempts, "must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorConfig:
+    """Background checks of each engine (seconds)."""
+
+    health_interval_s: float = 2.0
+    health_timeout_s: float = 2.0
+    load_interval_s: float = 1.0
+    kv_queue_size: int = 10_000
+    """Bound of each engine's KV-event queue (events; overflow marks the engine for resync)."""
+
+    def __post_init__(self) -> None:
+        for name in ("health_interval_s", "health_timeout_s", "load_interval_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise InvalidInput(name, value, "must be > 0")
+        if self.kv_queue_size < 1:
+            raise InvalidInput("kv_queue_size", self.kv_queue_size, "must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """The whole service. ``model_name`` is the name clients use; ``max_model_len`` bounds
+    prompt + output tokens; ``block_size_tokens`` is the engines' KV block size (every engine
+    must use it: one prefix index, one hash chain); ``admin_token`` None disables the admin
+    API."""
+
+    model_name: str
+    max_model_len: int
+    block_size_tokens: int
+    engines: tuple[EngineConfig, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8000
+    admin_token: str | None = None
+    max_body_bytes: int = 4 * 1024 * 1024
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+
+    def __post_init__(self) -> None:
+        if not self.model_name:
+            raise InvalidInput("model_name", self.model_name, "must not be empty")
+        if self.max_model_len < 2:
+            raise InvalidInput("max_model_len", self.max_model_len, "must be >= 2")
+        if self.block_size_tokens <= 0:
+            raise InvalidInput("block_size", self.block_size_tokens, "must be > 0")
+        if not 0 <= self.port <= 65535:
+            raise InvalidInput("port", self.port, "must be in 0..65535")
+        if self.max_body_bytes < 1024:
+            raise InvalidInput("max_body_bytes", self.max_body_bytes, "must be >= 1024")
+        if self.admin_token is not None and len(self.admin_token) < 8:
+            raise InvalidInput("admin_token", "<hidden>", "must be at least 8 characters")
+        seen: set[str] = set()
+        for i, engine in enumerate(self.engines):
+            check_engine_fits(engine, self.block_size_tokens, where=f"engines[{i}]")
+            if engine.engine_id in seen:
+                raise InvalidInput(f"engines[{i}].id", engine.engine_id, "duplicate engine id")
+            seen.add(engine.engine_id)
+
+
+def check_engine_fits(engine: EngineConfig, block_size_tokens: int, *, where: str) -> None:
+    """An engine must hash at the gateway's block size (one index for all engines)."""
+    if engine.block_size_tokens != block_size_tokens:
+        raise InvalidInput(
+            f"{where}.block_size",
+            engine.block_size_tokens,
+            f"must equal the gateway block size {block_size_tokens}",
+        )

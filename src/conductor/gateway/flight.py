@@ -1,0 +1,136 @@
+"""One accepted request's life in the scheduler: from ``schedule()`` to ``RequestFinished``
+or ``cancel()``.
+
+Invariants:
+
+- :meth:`Flight.close` runs at most once, and every flight is closed: by the request path
+  when it ends, by the streaming response when its body ends or the client goes away
+  (:class:`~conductor.gateway.proxy.TrackedStream`), and by the retry loop when an attempt
+  fails. A completed flight emits ``RequestFinished``; any other ending calls ``cancel()``.
+- ``PrefillFinished`` is emitted at most once, before ``RequestFinished``.
+- Events go to an engine only while it is the same registered instance as at scheduling
+  time (an engine removed meanwhile took the request's bookkeeping with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable
+
+from conductor.core.conductor import Conductor
+from conductor.core.events import PrefillFinished, RequestFinished
+from conductor.core.plan import Plan
+from conductor.core.state import InstanceState
+from conductor.core.types import InstanceId, RequestId
+from conductor.gateway.metrics import GatewayMetrics
+
+
+class Outcome(enum.Enum):
+    COMPLETED = "completed"
+    UPSTREAM_ERROR = "upstream_error"
+    CLIENT_DISCONNECT = "client_disconnect"
+    TIMEOUT = "timeout"
+    RETRIED = "retried"
+    ERROR = "error"
+
+
+class Mode(enum.Enum):
+    AGGREGATED = "aggregated"
+    DISAGGREGATED = "disaggregated"
+
+
+class Flight:
+    """Bookkeeping of one scheduled attempt; see the module docstring."""
+
+    def __init__(
+        self,
+        conductor: Conductor,
+        plan: Plan,
+        mode: Mode,
+        *,
+        clock: Callable[[], float],
+        metrics: GatewayMetrics,
+        scheduled_at_s: float,
+    ) -> None:
+        self.conductor = conductor
+        self.plan = plan
+        self.mode = mode
+        self.clock = clock
+        self.metrics = metrics
+        self.scheduled_at_s = scheduled_at_s
+        self.decode: InstanceId = plan.decode
+        self._prefill_state = conductor.instances.get(plan.prefill)
+        self._decode_state = conductor.instances.get(plan.decode)
+        self.prefill_done = False
+        self.first_token_seen = False
+        self.outcome: Outcome | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def request_id(self) -> RequestId:
+        return self.plan.request_id
+
+    @property
+    def closed(self) -> bool:
+        return self.outcome is not None
+
+    def _same(self, instance: InstanceId, state: InstanceState | None) -> bool:
+        return state is not None and self.conductor.instances.get(instance) is state
+
+    def set_decode(self, instance: InstanceId) -> None:
+        """The decode instance was (re)chosen at the end of prefill (``confirm_decode``)."""
+        self.decode = instance
+        self._decode_state = self.conductor.instances.get(instance)
+
+    def prefill_finished(self) -> None:
+        """The prefill ended now (prefill leg answered, or first token seen)."""
+        if self.prefill_done or self.closed:
+            return
+        self.prefill_done = True
+        self._cancel_timer()
+        if self._same(self.plan.prefill, self._prefill_state):
+            self.conductor.on_event(
+                PrefillFinished(self.request_id, self.plan.prefill, self.clock())
+            )
+
+    def first_token(self) -> None:
+        """The first generated token reached us (streaming): observe TTFT."""
+        if self.first_token_seen:
+            return
+        self.first_token_seen = True
+        self.metrics.observed_ttft.labels(self.plan.policy, self.mode.value).observe(
+            self.clock() - self.scheduled_at_s
+        )
+        self.prefill_finished()
+
+    def assume_prefill_end(self, loop: asyncio.AbstractEventLoop) -> None:
+        """When the prefill's end cannot be observed (a non-streamed aggregated answer
+        arrives whole), take it to end at its predicted time rather than hold the engine's
+        prefill queue for the whole generation."""
+        if not self.prefill_done and self._timer is None:
+            self._timer = loop.call_later(
+                max(self.plan.predicted_ttft_s, 0.0), self.prefill_finished
+            )
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def close(self, outcome: Outcome) -> None:
+        """End the flight (idempotent): ``RequestFinished`` if completed, else ``cancel()``."""
+        if self.closed:
+            return
+        self._cancel_timer()
+        if outcome is Outcome.COMPLETED:
+            self.prefill_finished()
+            self.outcome = outcome
+            if self._same(self.decode, self._decode_state):
+                self.conductor.on_event(RequestFinished(self.request_id, self.decode, self.clock()))
+            else:
+                self.conductor.cancel(self.request_id)
+        else:
+            self.outcome = outcome
+            self.conductor.cancel(self.request_id)
+        self.metrics.finished.labels(outcome.value).inc()

@@ -1,0 +1,222 @@
+"""Upstream legs: open a call to an engine, relay its answer, and classify failures.
+
+A failure *before the engine answered with response headers* (connection refused, reset,
+timed out) raises :class:`NotStarted`: the engine did not start the request, so the caller
+may schedule it again elsewhere. A failure after that (a broken stream) is final: the
+client gets an error response, or an SSE error event if streaming had begun.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncGenerator, Mapping
+
+import anyio
+import httpx
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from conductor.gateway.config import KV_TRANSFER_PARAMS_PREFILL
+from conductor.gateway.errors import UpstreamError, UpstreamTimeout, error_body
+from conductor.gateway.flight import Flight, Outcome
+
+log = logging.getLogger(__name__)
+
+CLOSE_GRACE_S = 5.0
+"""How long closing an upstream response may take once the request is over."""
+_RETRYABLE = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.ReadError,
+    httpx.ReadTimeout,
+    httpx.WriteError,
+    httpx.WriteTimeout,
+    httpx.RemoteProtocolError,
+)
+
+
+class NotStarted(Exception):
+    """The engine did not start the request (no response headers): retry elsewhere."""
+
+    def __init__(self, engine_id: str, reason: str) -> None:
+        super().__init__(f"engine {engine_id} did not start the request: {reason}")
+        self.engine_id = engine_id
+        self.reason = reason
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A short label for metrics: connect_error, timeout, protocol_error, read_error, ..."""
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return "connect_error"
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "protocol_error"
+    if isinstance(exc, httpx.NetworkError):
+        return "network_error"
+    return type(exc).__name__
+
+
+async def open_upstream(
+    client: httpx.AsyncClient,
+    engine_id: str,
+    url: str,
+    body: Mapping[str, object],
+    *,
+    deadline: float,
+    headers: Mapping[str, str] | None = None,
+) -> httpx.Response:
+    """POST ``body`` and return once response headers arrived (the body is left to read).
+    Raises :class:`NotStarted` or, when the request's deadline passes, ``TimeoutError``."""
+    request = client.build_request("POST", url, json=body, headers=headers)
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await client.send(request, stream=True)
+    except _RETRYABLE as exc:
+        raise NotStarted(engine_id, failure_reason(exc)) from exc
+
+
+async def close_quietly(resp: httpx.Response) -> None:
+    """Close ``resp`` even while the caller is being cancelled (bounded by a grace time)."""
+    with anyio.move_on_after(CLOSE_GRACE_S, shield=True):
+        try:
+            await resp.aclose()
+        except httpx.HTTPError as exc:
+            log.debug("closing upstream response: %s", exc)
+
+
+async def read_body(resp: httpx.Response, flight: Flight, *, deadline: float) -> bytes:
+    """The whole body of ``resp`` (then closed); on failure the flight is closed and an
+    :class:`UpstreamError` or :class:`UpstreamTimeout` raised."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await resp.aread()
+    except TimeoutError:
+        flight.close(Outcome.TIMEOUT)
+        raise UpstreamTimeout("the engine did not answer in time") from None
+    except httpx.TimeoutException as exc:
+        flight.close(Outcome.TIMEOUT)
+        raise UpstreamTimeout(f"the engine stopped answering: {failure_reason(exc)}") from None
+    except httpx.HTTPError as exc:
+        flight.close(Outcome.UPSTREAM_ERROR)
+        raise UpstreamError(f"the engine failed mid-answer: {failure_reason(exc)}") from None
+    finally:
+        await close_quietly(resp)
+
+
+def passthrough(status: int, content: bytes, headers: Mapping[str, str]) -> Response:
+    """An engine's error answer, as is when it is JSON, else wrapped in our error shape."""
+    try:
+        json.loads(content)
+    except ValueError:
+        text = content.decode(errors="replace")[:500] or f"engine answered {status}"
+        content = json.dumps(error_body(status, text, "upstream_error")).encode()
+    return Response(content, status_code=status, headers=headers, media_type="application/json")
+
+
+def sse_error(message: str, status: int, error_type: str) -> bytes:
+    payload = json.dumps(error_body(status, message, error_type))
+    return f"data: {payload}\n\ndata: [DONE]\n\n".encode()
+
+
+class TrackedStream(StreamingResponse):
+    """A streamed relay that always ends its flight and closes its upstream response, even
+    when the client goes away before or while the body streams."""
+
+    def __init__(
+        self,
+        flight: Flight,
+        upstream: httpx.Response,
+        *,
+        deadline: float,
+        headers: Mapping[str, str],
+    ) -> None:
+        self.flight = flight
+        self.upstream = upstream
+        self._relay = relay(upstream, flight, deadline=deadline)
+        super().__init__(self._relay, headers=headers, media_type="text/event-stream")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.flight.close(Outcome.CLIENT_DISCONNECT)  # no-op if the relay closed it
+            with anyio.move_on_after(CLOSE_GRACE_S, shield=True):
+                await self._relay.aclose()
+            await close_quietly(self.upstream)
+
+
+async def relay(
+    resp: httpx.Response, flight: Flight, *, deadline: float
+) -> AsyncGenerator[bytes, None]:
+    """Pass the engine's SSE bytes through; the first bytes mark the first token. A broken
+    or stalled stream ends with an SSE error event and ``[DONE]``."""
+    chunks = resp.aiter_raw()
+    at_boundary = True
+    error: bytes | None = None
+    try:
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            if chunk:
+                flight.first_token()
+                at_boundary = chunk.endswith(b"\n\n")
+                yield chunk
+        flight.close(Outcome.COMPLETED)
+    except (TimeoutError, httpx.TimeoutException):
+        flight.close(Outcome.TIMEOUT)
+        error = sse_error("the engine stopped streaming in time", 504, "upstream_timeout")
+    except httpx.HTTPError as exc:
+        flight.close(Outcome.UPSTREAM_ERROR)
+        log.warning("request %s: stream broke: %s", flight.request_id, failure_reason(exc))
+        error = sse_error(
+            f"the engine failed mid-stream ({failure_reason(exc)})", 502, "upstream_error"
+        )
+    finally:
+        flight.close(Outcome.CLIENT_DISCONNECT)  # cancelled or closed early: no-op otherwise
+    if error is not None:
+        yield error if at_boundary else b"\n\n" + error
+
+
+def prefill_body(
+    body: Mapping[str, object], model: str, *, kv_transfer_params: bool
+) -> dict[str, object]:
+    """The prefill leg of the disaggregated flow: one token, not streamed."""
+    out = dict(body)
+    out["model"] = model
+    out["max_tokens"] = 1
+    if "max_completion_tokens" in out:
+        out["max_completion_tokens"] = 1
+    out["stream"] = False
+    for key in ("stream_options", "min_tokens", "n", "best_of"):
+        out.pop(key, None)
+    if kv_transfer_params:
+        out["kv_transfer_params"] = dict(KV_TRANSFER_PARAMS_PREFILL)
+    return out
+
+
+def upstream_body(
+    body: Mapping[str, object], model: str, kv_params: Mapping[str, object] | None = None
+) -> dict[str, object]:
+    """The client's body for an engine (its model name; the prefill's KV params if any)."""
+    out = dict(body)
+    out["model"] = model
+    if kv_params is not None:
+        out["kv_transfer_params"] = dict(kv_params)
+    return out
+
+
+def kv_params_of(content: bytes) -> dict[str, object] | None:
+    """``kv_transfer_params`` of a prefill answer, if it has any."""
+    try:
+        data = json.loads(content)
+    except ValueError:
+        return None
+    params = data.get("kv_transfer_params") if isinstance(data, dict) else None
+    return params if isinstance(params, dict) else None

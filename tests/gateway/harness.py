@@ -1,0 +1,171 @@
+"""Helpers for in-process gateway tests: a deterministic tokenizer, gateway factories, and
+uvicorn servers on 127.0.0.1 (pre-bound free ports) running in the test's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import httpx
+import uvicorn
+from starlette.types import ASGIApp
+
+from conductor.core.conductor import Conductor
+from conductor.core.config import SchedulerConfig
+from conductor.core.policies import policy_config_defaults
+from conductor.core.policies.colocated import ColocatedDecode
+from conductor.core.types import Role
+from conductor.gateway.app import create_app
+from conductor.gateway.config import EngineConfig, GatewayConfig, MonitorConfig, UpstreamConfig
+from conductor.gateway.costs import gateway_preset
+from conductor.gateway.service import Gateway
+
+BLOCK = 4
+MODEL = "tiny"
+TOKEN = "test-admin-token"
+MAX_MODEL_LEN = 256
+
+
+class FakeTokenizer:
+    """One token per character (ids 100 + ord % 1000), BOS 1 with special tokens; chat is
+    ``<role>content\\n`` per message, then ``<assistant>`` for the generation prompt."""
+
+    vocab_size = 1200
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        ids = [100 + ord(c) % 1000 for c in text]
+        return [1, *ids] if add_special_tokens else ids
+
+    def render_chat(
+        self,
+        messages: Sequence[dict[str, object]],
+        *,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        tools: Sequence[object] | None,
+        template_kwargs: dict[str, object],
+    ) -> str:
+        text = "".join(f"<{m['role']}>{m.get('content') or ''}\n" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+def engine(
+    engine_id: str,
+    url: str,
+    role: Role = Role.BOTH,
+    kv_events: str | None = None,
+    model: str | None = None,
+) -> EngineConfig:
+    return EngineConfig(
+        engine_id=engine_id,
+        url=url,
+        role=role,
+        kv_events=kv_events,
+        model=model,
+        block_size_tokens=BLOCK,
+    )
+
+
+def make_gateway(
+    engines: Sequence[EngineConfig],
+    *,
+    policy: str = "conductor",
+    ttft_slo_s: float = 30.0,
+    admission: str | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    admin_token: str | None = TOKEN,
+    upstream: UpstreamConfig | None = None,
+    monitor: MonitorConfig | None = None,
+    max_body_bytes: int = 64 * 1024,
+    clock: Callable[[], float] | None = None,
+) -> Gateway:
+    defaults = policy_config_defaults(policy)
+    sched = SchedulerConfig(
+        block_size_tokens=BLOCK,
+        ttft_slo_s=ttft_slo_s,
+        admission=admission or str(defaults.get("admission", "off")),
+        cpp_enabled=False,
+    )
+    conductor = Conductor(gateway_preset("tiny-cpu"), policy=policy, config=sched)
+    conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
+    cfg = GatewayConfig(
+        model_name=MODEL,
+        max_model_len=MAX_MODEL_LEN,
+        block_size_tokens=BLOCK,
+        engines=tuple(engines),
+        admin_token=admin_token,
+        max_body_bytes=max_body_bytes,
+        upstream=upstream or UpstreamConfig(connect_timeout_s=2.0, request_timeout_s=20.0),
+        monitor=monitor
+        or MonitorConfig(health_interval_s=0.2, health_timeout_s=1.0, load_interval_s=0.2),
+    )
+    if clock is not None:
+        return Gateway(cfg, conductor, FakeTokenizer(), transport=transport, clock=clock)
+    return Gateway(cfg, conductor, FakeTokenizer(), transport=transport)
+
+
+def bound_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@contextlib.asynccontextmanager
+async def serve(app: ASGIApp) -> AsyncIterator[str]:
+    """Run ``app`` with uvicorn (lifespan on) in this loop; yields its base URL."""
+    sock = bound_socket()
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        log_config=None,
+        lifespan="on",
+        ws="none",
+        access_log=False,
+        timeout_graceful_shutdown=2,
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(10):
+            while not server.started:
+                if task.done():
+                    task.result()
+                    raise RuntimeError("uvicorn exited before starting")
+                await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+@contextlib.asynccontextmanager
+async def client_for(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
+    """The gateway served over real HTTP, and a client for it."""
+    async with (
+        serve(create_app(gateway)) as url,
+        httpx.AsyncClient(base_url=url, timeout=30.0) as client,
+    ):
+        yield client
+
+
+def closed_port_url() -> str:
+    """An http URL on which nothing listens (connection refused)."""
+    sock = bound_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"http://127.0.0.1:{port}"
+
+
+async def eventually(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+def admin_headers(token: str = TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
