@@ -5,6 +5,7 @@ and stop everything it started."""
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -76,6 +77,8 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option("--seed")] = 0,
     ) -> None:
         """Gateway + emulated 2P/2D cluster + a short load; everything stops at the end."""
+        # transformers warns at import that PyTorch is absent: only its tokenizers are used
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         if policy not in policy_names():
             raise typer.BadParameter(f"unknown policy {policy!r}", param_hint="--policy")
         if speedup <= 0:
@@ -137,6 +140,8 @@ def register(app: typer.Typer) -> None:
                         MODEL,
                         "--block-size",
                         "32",
+                        "--max-model-len",
+                        "8192",
                         "--port",
                         str(gport),
                         "--policy",
@@ -151,6 +156,9 @@ def register(app: typer.Typer) -> None:
                 )
                 outcomes = asyncio.run(run_load(gurl, MODEL, conversations, turns, seed))
                 _print(outcomes)
+            except RuntimeError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(1) from None
             finally:
                 cluster.stop()
         typer.echo("stopped the gateway and the engines")
