@@ -116,3 +116,58 @@ async def test_lost_events_clear_the_engine_and_the_index_refills() -> None:
         pub.close()
         ctx.destroy(linger=0)
     assert 'conductor_kv_resyncs_total{engine="e1",reason="lost_events"} 2.0' in metrics
+
+
+async def test_engine_restart_clears_its_blocks_before_new_ones_arrive() -> None:
+    ctx = zmq.asyncio.Context()
+    pub = FakeVllmPublisher(ctx)
+    try:
+        fake = FakeEngine("e1")
+        async with serve(fake.app()) as url:
+            cfg = EngineConfig(
+                "e1", url, Role.BOTH, kv_events=pub.endpoint, block_size_tokens=BLOCK, topic="kv"
+            )
+            gw = make_gateway([cfg])
+            async with client_for(gw):
+                await asyncio.wait_for(pub.wait_subscriber(), 5)
+                old = list(range(100, 116))
+                await pub.publish(w.payload([w.stored([1, 2, 3, 4], old)], ts=10.0))
+                await pub.publish(w.payload([w.stored([5], list(range(200, 204)))], ts=11.0))
+                await eventually(lambda: gw.conductor.index.count(E1) == 5)
+                pub.next_seq = 0  # the engine restarted: its sequence starts over, later ts
+                new = list(range(300, 308))
+                await pub.publish(w.payload([w.stored([1, 2], new)], ts=20.0))
+                ours = request_block_hashes(new, BLOCK)
+                await eventually(lambda: gw.conductor.index.match(ours).local(E1) == 2)
+                assert gw.conductor.index.count(E1) == 2
+                assert gw.conductor.index.match(request_block_hashes(old, BLOCK)).local(E1) == 0
+    finally:
+        pub.close()
+        ctx.destroy(linger=0)
+
+
+async def test_background_tasks_end_with_the_app() -> None:
+    ctx = zmq.asyncio.Context()
+    pub = FakeVllmPublisher(ctx)
+    try:
+        cfg = EngineConfig(
+            "e1",
+            "http://127.0.0.1:9",
+            Role.BOTH,
+            kv_events=pub.endpoint,
+            block_size_tokens=BLOCK,
+            topic="kv",
+        )
+        gw = make_gateway([cfg])
+        before = {t.get_name() for t in asyncio.all_tasks()}
+        async with client_for(gw):
+            names = {t.get_name() for t in asyncio.all_tasks()} - before
+            assert {"health", "load", "kv-sub-e1", "kv-pump-e1"} <= names
+            assert gw.engines[E1].tasks
+        await asyncio.sleep(0)
+        after = {t.get_name() for t in asyncio.all_tasks()}
+        assert not {"health", "load", "kv-sub-e1", "kv-pump-e1"} & after
+        assert gw.engines[E1].tasks == []
+    finally:
+        pub.close()
+        ctx.destroy(linger=0)

@@ -39,18 +39,22 @@ _RETRYABLE = (
 
 
 class NotStarted(Exception):
-    """The engine did not start the request (no response headers): retry elsewhere."""
+    """The engine did not start the request (no response headers): retry elsewhere.
+    ``engine_at_fault`` is False when the cause is ours (our connection pool was full)."""
 
     def __init__(self, engine_id: str, reason: str) -> None:
         super().__init__(f"engine {engine_id} did not start the request: {reason}")
         self.engine_id = engine_id
         self.reason = reason
+        self.engine_at_fault = reason != "pool_timeout"
 
 
 def failure_reason(exc: BaseException) -> str:
     """A short label for metrics: connect_error, timeout, protocol_error, read_error, ..."""
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return "connect_error"
+    if isinstance(exc, httpx.PoolTimeout):
+        return "pool_timeout"
     if isinstance(exc, httpx.TimeoutException):
         return "timeout"
     if isinstance(exc, httpx.RemoteProtocolError):

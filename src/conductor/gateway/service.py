@@ -454,7 +454,8 @@ class Gateway:
                 return await self._execute(req, flight, deadline)
             except NotStarted as exc:
                 flight.close(Outcome.RETRIED)
-                self.mark_unhealthy(InstanceId(exc.engine_id), f"request: {exc.reason}")
+                if exc.engine_at_fault:
+                    self.mark_unhealthy(InstanceId(exc.engine_id), f"request: {exc.reason}")
                 self.metrics.retries.labels(exc.reason).inc()
                 failures.append(str(exc))
                 log.warning("request %s: %s (attempt %d/%d)", rid, exc, attempt + 1, attempts)
@@ -537,7 +538,12 @@ class Gateway:
             kv_transfer_params=self.config.upstream.kv_transfer_params,
         )
         resp = await open_upstream(
-            self.client, prefill.engine_id, prefill.config.url + path, leg, deadline=deadline
+            self.client,
+            prefill.engine_id,
+            prefill.config.url + path,
+            leg,
+            deadline=deadline,
+            headers={"X-Request-Id": f"{flight.request_id}-prefill"},
         )
         content = await read_body(resp, flight, deadline=deadline)
         if resp.status_code != 200:
@@ -576,7 +582,14 @@ class Gateway:
     ) -> Response:
         """The leg whose answer goes to the client (streamed or whole)."""
         url = engine.config.url + PATHS[req.kind]
-        resp = await open_upstream(self.client, engine.engine_id, url, body, deadline=deadline)
+        resp = await open_upstream(
+            self.client,
+            engine.engine_id,
+            url,
+            body,
+            deadline=deadline,
+            headers={"X-Request-Id": flight.request_id},
+        )
         headers = self._headers(flight)
         if resp.status_code != 200:
             content = await read_body(resp, flight, deadline=deadline)

@@ -10,6 +10,7 @@ and encodes that text with ``add_special_tokens`` (default off), as vLLM's OpenA
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -90,11 +91,14 @@ def request_block_hashes(
 
 
 class HfTokenizer:
-    """A local Hugging Face tokenizer (``transformers`` is imported on first use)."""
+    """A local Hugging Face tokenizer (``transformers`` is imported on first use). Calls are
+    serialised: the gateway tokenizes long prompts in worker threads, and a Rust tokenizer
+    shared across threads can fail with "Already borrowed"."""
 
     def __init__(self, tokenizer: Any) -> None:
         self._tok = tokenizer
         self._vocab_size = len(tokenizer)
+        self._lock = threading.Lock()
 
     @classmethod
     def load(cls, model_path: Path) -> HfTokenizer:
@@ -120,7 +124,8 @@ class HfTokenizer:
         return self._vocab_size
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=add_special_tokens)
+        with self._lock:
+            ids = self._tok.encode(text, add_special_tokens=add_special_tokens)
         return [int(i) for i in ids]
 
     def render_chat(
@@ -134,14 +139,15 @@ class HfTokenizer:
     ) -> str:
         if getattr(self._tok, "chat_template", None) is None:
             raise BadRequest("the model has no chat template; use /v1/completions")
-        text = self._tok.apply_chat_template(
-            list(messages),
-            tools=None if tools is None else list(tools),
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            tokenize=False,
-            **template_kwargs,
-        )
+        with self._lock:
+            text = self._tok.apply_chat_template(
+                list(messages),
+                tools=None if tools is None else list(tools),
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tokenize=False,
+                **template_kwargs,
+            )
         if not isinstance(text, str):
             raise BadRequest("the chat template did not render to text", param="messages")
         return text
