@@ -270,7 +270,10 @@ class _Simulation:
 
     def add_cpp_stages(self, t: float, job: _Job, plan: Plan) -> None:
         """CPP: every node of the group runs a stage for the whole pipelined time; the
-        prefill ends when the last stage ends (see ``conductor.core.cpp``)."""
+        prefill ends when the last stage ends (see ``conductor.core.cpp``). Simplification:
+        each node starts its stage when *it* is free, so the request ends at the latest
+        start + the pipelined time, as in a real gang, but a node that would sit waiting
+        for the others is counted as free until its own start (slightly optimistic)."""
         assert plan.cpp is not None
         req = job.request
         nodes = plan.cpp.nodes
