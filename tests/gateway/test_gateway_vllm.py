@@ -235,6 +235,7 @@ async def test_e_streamed_output_equals_the_engines_own(
     body: dict[str, object] = {
         "model": "tiny",
         "max_tokens": 24,
+        "ignore_eos": True,
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -252,8 +253,10 @@ async def test_e_streamed_output_equals_the_engines_own(
     assert through.text.endswith("data: [DONE]\n\n")
     got, got_finish = sse_texts(through.text, chat)
     want, want_finish = sse_texts(own.text, chat)
-    assert "".join(got) == "".join(want) and got == want
-    assert got_finish == want_finish
+    # chunk boundaries may differ (a busy API server merges tokens into one chunk); the text
+    # and how it ended may not
+    assert "".join(got) == "".join(want)
+    assert [f for f in got_finish if f] == [f for f in want_finish if f] == ["length"]
     usage = [
         json.loads(e[6:])["usage"]
         for e in through.text.split("\n\n")
@@ -288,6 +291,7 @@ async def test_d_killing_an_engine_under_load_loses_no_request(
                 "ignore_eos": True,
                 "temperature": 0,
                 "stream": stream,
+                **({"stream_options": {"include_usage": True}} if stream else {}),
             }
             async with limit:
                 try:
@@ -307,8 +311,9 @@ async def test_d_killing_an_engine_under_load_loses_no_request(
                 assert resp.text.endswith("data: [DONE]\n\n")
                 outcomes.append(("error", where))
             else:
-                texts, _ = sse_texts(resp.text, chat=False)
-                assert len(texts) == 96 and resp.text.endswith("data: [DONE]\n\n")
+                # chunks are not tokens (the detokenizer holds back partial characters)
+                assert resp.text.endswith("data: [DONE]\n\n")
+                assert '"completion_tokens":96' in resp.text.replace(" ", "")
                 outcomes.append(("ok", where))
 
         tasks = [asyncio.create_task(one(i)) for i in range(24)]
