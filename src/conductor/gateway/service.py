@@ -67,6 +67,7 @@ from conductor.gateway.proxy import (
     upstream_body,
 )
 from conductor.gateway.tokenizer import PromptTokenizer, prompt_token_ids, request_block_hashes
+from conductor.gateway.upstream import HttpxUpstream, RawHttpClient, Timeouts, Upstream
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ class Gateway:
         self._zmq_given = zmq_context
         self._zmq: zmq.asyncio.Context | None = None
         self._client: httpx.AsyncClient | None = None
+        self._upstream: Upstream | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._loops: list[asyncio.Task[None]] = []
         self._rid_prefix = secrets.token_hex(4)
@@ -138,6 +140,19 @@ class Gateway:
                 asyncio.TaskGroup() as tg,
             ):
                 self._client = c
+                # the request path: httpx when a transport is injected (tests), else the
+                # lean keep-alive client (httpx costs milliseconds of CPU per stream)
+                self._upstream = (
+                    HttpxUpstream(c)
+                    if self._transport is not None
+                    else RawHttpClient(
+                        Timeouts(
+                            connect_s=up.connect_timeout_s,
+                            read_s=up.read_timeout_s,
+                            pool_s=up.connect_timeout_s,
+                        )
+                    )
+                )
                 self._tg = tg
                 for handle in self.engines.values():
                     self._start_engine(handle)
@@ -154,8 +169,10 @@ class Gateway:
                     for task in self._loops:
                         task.cancel()
                     self._loops = []
+                    await self._upstream.aclose()
         finally:
             self._client = None
+            self._upstream = None
             if self._zmq_given is None:
                 self._zmq.destroy(linger=0)
             self._zmq = None
@@ -165,6 +182,12 @@ class Gateway:
         if self._client is None:
             raise RuntimeError("the gateway is not running (use `async with gateway.running()`)")
         return self._client
+
+    @property
+    def upstream(self) -> Upstream:
+        if self._upstream is None:
+            raise RuntimeError("the gateway is not running (use `async with gateway.running()`)")
+        return self._upstream
 
     def _start_engine(self, handle: EngineHandle) -> None:
         if self._tg is None or self._zmq is None:
@@ -538,7 +561,7 @@ class Gateway:
             kv_transfer_params=self.config.upstream.kv_transfer_params,
         )
         resp = await open_upstream(
-            self.client,
+            self.upstream,
             prefill.engine_id,
             prefill.config.url + path,
             leg,
@@ -583,7 +606,7 @@ class Gateway:
         """The leg whose answer goes to the client (streamed or whole)."""
         url = engine.config.url + PATHS[req.kind]
         resp = await open_upstream(
-            self.client,
+            self.upstream,
             engine.engine_id,
             url,
             body,
