@@ -340,7 +340,7 @@ class Gateway:
             self.conductor.on_event(event)
         except UnknownInstance:
             return
-        self.metrics.kv_events.labels(engine_id, kind).inc()
+        self.metrics.child(self.metrics.kv_events, engine_id, kind).inc()
         seq = getattr(event, "seq", None)
         published = None if handle.ingest is None else handle.ingest.published_at(seq)
         if published is not None:
@@ -505,15 +505,15 @@ class Gateway:
             decision = self.conductor.schedule(request, now)
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from None
-        self.metrics.decision_latency.labels(policy).observe(time.perf_counter() - t0)
+        self.metrics.child(self.metrics.decision_latency, policy).observe(time.perf_counter() - t0)
         if isinstance(decision, Rejection):
             self.metrics.decisions.labels(policy, "rejected").inc()
             self.metrics.rejections.labels(decision.code).inc()
             raise self._rejection_error(decision)
-        self.metrics.decisions.labels(policy, "accepted").inc()
-        self.metrics.predicted_ttft.labels(policy).observe(decision.predicted_ttft_s)
-        self.metrics.cache_hit_tokens.labels(policy).inc(decision.cached_tokens)
-        self.metrics.prompt_tokens.labels(policy).inc(request.prompt_tokens)
+        self.metrics.child(self.metrics.decisions, policy, "accepted").inc()
+        self.metrics.child(self.metrics.predicted_ttft, policy).observe(decision.predicted_ttft_s)
+        self.metrics.child(self.metrics.cache_hit_tokens, policy).inc(decision.cached_tokens)
+        self.metrics.child(self.metrics.prompt_tokens, policy).inc(request.prompt_tokens)
         return decision
 
     def _rejection_error(self, rejection: Rejection) -> GatewayError:
