@@ -165,13 +165,25 @@ class RawResponse:
     async def _read(self, coro_kind: str, n: int = 0) -> bytes:
         conn = self._conn
         assert conn is not None
+        reader = conn.reader
+        buf = getattr(reader, "_buffer", None)
         try:
+            if buf and (
+                (coro_kind == "line" and b"\r\n" in buf)
+                or (coro_kind == "exact" and len(buf) >= n)
+                or coro_kind == "some"
+            ):  # already buffered: completes without waiting, no timer needed
+                if coro_kind == "line":
+                    return await reader.readuntil(b"\r\n")
+                if coro_kind == "exact":
+                    return await reader.readexactly(n)
+                return await reader.read(n)
             async with asyncio.timeout(self._read_timeout_s):
                 if coro_kind == "line":
-                    return await conn.reader.readuntil(b"\r\n")
+                    return await reader.readuntil(b"\r\n")
                 if coro_kind == "exact":
-                    return await conn.reader.readexactly(n)
-                return await conn.reader.read(n)
+                    return await reader.readexactly(n)
+                return await reader.read(n)
         except TimeoutError:
             self._discard()
             raise httpx.ReadTimeout("the engine stopped sending") from None
