@@ -75,7 +75,9 @@ def create_app(gateway: Gateway) -> Starlette:
                 response = JSONResponse(
                     error_body(500, "internal error in the gateway", "server_error"), 500
                 )
-            gateway.metrics.responses.labels(endpoint, str(response.status_code)).inc()
+            gateway.metrics.child(
+                gateway.metrics.responses, endpoint, str(response.status_code)
+            ).inc()
             return response
 
         return handler

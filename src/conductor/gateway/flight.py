@@ -99,7 +99,7 @@ class Flight:
         if self.first_token_seen:
             return
         self.first_token_seen = True
-        self.metrics.observed_ttft.labels(self.plan.policy, self.mode.value).observe(
+        self.metrics.child(self.metrics.observed_ttft, self.plan.policy, self.mode.value).observe(
             self.clock() - self.scheduled_at_s
         )
         self.prefill_finished()
@@ -133,4 +133,4 @@ class Flight:
         else:
             self.outcome = outcome
             self.conductor.cancel(self.request_id)
-        self.metrics.finished.labels(outcome.value).inc()
+        self.metrics.child(self.metrics.finished, outcome.value).inc()

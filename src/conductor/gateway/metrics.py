@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -130,6 +131,7 @@ class GatewayMetrics:
     """The gateway's metric objects, registered in their own :class:`CollectorRegistry`."""
 
     def __init__(self) -> None:
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.decisions = Counter(
@@ -231,6 +233,15 @@ class GatewayMetrics:
             ["engine", "result"],
             registry=r,
         )
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, remembered (the request path's label lookups are a
+        measurable share of its CPU; no metric child is ever removed)."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
 
     def attach_state(
         self, engines: Callable[[], Iterable[EngineSnapshot]], inflight: Callable[[], int]

@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 from conductor.gateway.config import KV_TRANSFER_PARAMS_PREFILL
 from conductor.gateway.errors import UpstreamError, UpstreamTimeout, error_body
 from conductor.gateway.flight import Flight, Outcome
+from conductor.gateway.upstream import Upstream, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
@@ -64,26 +65,31 @@ def failure_reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+def encode_body(body: Mapping[str, object]) -> bytes:
+    """JSON for an engine, as httpx's ``json=`` writes it (compact, UTF-8, no NaN)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
 async def open_upstream(
-    client: httpx.AsyncClient,
+    client: Upstream,
     engine_id: str,
     url: str,
     body: Mapping[str, object],
     *,
     deadline: float,
     headers: Mapping[str, str] | None = None,
-) -> httpx.Response:
+) -> UpstreamResponse:
     """POST ``body`` and return once response headers arrived (the body is left to read).
     Raises :class:`NotStarted` or, when the request's deadline passes, ``TimeoutError``."""
-    request = client.build_request("POST", url, json=body, headers=headers)
+    content = encode_body(body)
     try:
         async with asyncio.timeout_at(deadline):
-            return await client.send(request, stream=True)
+            return await client.post(url, content, headers)
     except _RETRYABLE as exc:
         raise NotStarted(engine_id, failure_reason(exc)) from exc
 
 
-async def close_quietly(resp: httpx.Response) -> None:
+async def close_quietly(resp: UpstreamResponse) -> None:
     """Close ``resp`` even while the caller is being cancelled (bounded by a grace time)."""
     with anyio.move_on_after(CLOSE_GRACE_S, shield=True):
         try:
@@ -92,7 +98,7 @@ async def close_quietly(resp: httpx.Response) -> None:
             log.debug("closing upstream response: %s", exc)
 
 
-async def read_body(resp: httpx.Response, flight: Flight, *, deadline: float) -> bytes:
+async def read_body(resp: UpstreamResponse, flight: Flight, *, deadline: float) -> bytes:
     """The whole body of ``resp`` (then closed); on failure the flight is closed and an
     :class:`UpstreamError` or :class:`UpstreamTimeout` raised."""
     try:
@@ -128,12 +134,16 @@ def sse_error(message: str, status: int, error_type: str) -> bytes:
 
 class TrackedStream(StreamingResponse):
     """A streamed relay that always ends its flight and closes its upstream response, even
-    when the client goes away before or while the body streams."""
+    when the client goes away before or while the body streams.
+
+    Unlike Starlette's ``StreamingResponse`` (an anyio task group per response), the body is
+    sent from the request's own task; one plain asyncio task watches for the client's
+    disconnect and cancels the sending when it comes."""
 
     def __init__(
         self,
         flight: Flight,
-        upstream: httpx.Response,
+        upstream: UpstreamResponse,
         *,
         deadline: float,
         headers: Mapping[str, str],
@@ -144,17 +154,46 @@ class TrackedStream(StreamingResponse):
         super().__init__(self._relay, headers=headers, media_type="text/event-stream")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        state = {"sending": True, "gone": False}
+
+        async def watch() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    if state["sending"]:
+                        state["gone"] = True
+                        task.cancel()
+                    return
+
+        watcher = asyncio.create_task(watch())
         try:
-            await super().__call__(scope, receive, send)
+            await self._send_all(send)
+        except asyncio.CancelledError:
+            if not state["gone"] or task.uncancel() > 0:
+                raise  # not (only) our own cancellation: pass it on
+        except OSError:
+            pass  # the client went away (ASGI 2.4 servers raise on send)
         finally:
+            state["sending"] = False
+            watcher.cancel()
             self.flight.close(Outcome.CLIENT_DISCONNECT)  # no-op if the relay closed it
             with anyio.move_on_after(CLOSE_GRACE_S, shield=True):
                 await self._relay.aclose()
             await close_quietly(self.upstream)
 
+    async def _send_all(self, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        async for chunk in self._relay:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
 
 async def relay(
-    resp: httpx.Response, flight: Flight, *, deadline: float
+    resp: UpstreamResponse, flight: Flight, *, deadline: float
 ) -> AsyncGenerator[bytes, None]:
     """Pass the engine's SSE bytes through; the first bytes mark the first token. A broken
     or stalled stream ends with an SSE error event and ``[DONE]``."""

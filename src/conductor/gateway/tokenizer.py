@@ -99,6 +99,7 @@ class HfTokenizer:
         self._tok = tokenizer
         self._vocab_size = len(tokenizer)
         self._lock = threading.Lock()
+        self._fast = _fast_backend(tokenizer)
 
     @classmethod
     def load(cls, model_path: Path) -> HfTokenizer:
@@ -125,6 +126,8 @@ class HfTokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         with self._lock:
+            if self._fast is not None:  # the Rust tokenizer itself, as transformers calls it
+                return list(self._fast([text], add_special_tokens=add_special_tokens)[0].ids)
             ids = self._tok.encode(text, add_special_tokens=add_special_tokens)
         return [int(i) for i in ids]
 
@@ -151,6 +154,30 @@ class HfTokenizer:
         if not isinstance(text, str):
             raise BadRequest("the chat template did not render to text", param="messages")
         return text
+
+
+def _fast_backend(tokenizer: Any) -> Any:
+    """The Rust tokenizer's ``encode_batch_fast`` when calling it directly gives what
+    ``tokenizer.encode`` gives (a fast tokenizer without truncation, padding or
+    special-token splitting; checked on a sample), else None. It skips transformers' Python
+    wrapping (about a third of the cost of encoding a short prompt)."""
+    backend: Any = getattr(tokenizer, "_tokenizer", None)
+    fast = getattr(backend, "encode_batch_fast", None)
+    if fast is None or getattr(tokenizer, "split_special_tokens", True):
+        return None
+    try:
+        if backend.truncation is not None or backend.padding is not None:
+            return None
+        if backend.encode_special_tokens:
+            return None
+        sample = " Hello, world! 12 3\n\tthe <s> cache holds blocks. éß 中文"
+        for special in (True, False):
+            want = [int(i) for i in tokenizer.encode(sample, add_special_tokens=special)]
+            if list(fast([sample], add_special_tokens=special)[0].ids) != want:
+                return None
+    except Exception:  # any surprise: keep the transformers path
+        return None
+    return fast
 
 
 def read_max_model_len(model_path: Path) -> int | None:
