@@ -57,12 +57,7 @@ def _rack_of(ctx: SchedulingContext, iid: InstanceId) -> str | None:
 
 
 def _same_rack(
-    ctx: SchedulingContext,
-    prefill: PrefillChoice,
-    best: InstanceState,
-    need: int,
-    factor: float,
-    slo: float,
+    ctx: SchedulingContext, prefill: PrefillChoice, best: InstanceState, slo: float
 ) -> DecodeChoice | None:
     """Decode near the prefill node: when the lowest-TBT instance sits in another rack than
     the prefill instance, the lowest-TBT instance of the prefill's rack that also meets the
@@ -74,8 +69,7 @@ def _same_rack(
     for inst in ctx.decode_pool:
         if inst.spec.rack != rack or not has_room(ctx, inst):
             continue
-        d = inst.decode
-        tbt = ctx.cost.decode_step_s(d.batch_size + 1, d.kv_reserved_tokens + need) * factor
+        tbt = predicted_tbt_s(ctx, inst)
         if tbt <= slo and (choice is None or tbt < choice.tbt_s):
             choice = DecodeChoice(inst.spec.instance_id, tbt, True)
     return choice
@@ -118,7 +112,7 @@ def least_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
                 fallback, fallback_tbt = inst, tbt
     if best is not None:
         if best_tbt <= slo and len(ctx.decode_pool) > 1:
-            near = _same_rack(ctx, prefill, best, need, factor, slo)
+            near = _same_rack(ctx, prefill, best, slo)
             if near is not None:
                 return near
         return DecodeChoice(best.spec.instance_id, best_tbt, best_tbt <= slo)
