@@ -1,0 +1,1 @@
+"""A lean asyncio HTTP/1.1 server (httptools) for the gateway and the emulated engines."""
