@@ -1,4 +1,4 @@
-"""A small Starlette app that answers like a vLLM OpenAI server, for gateway tests.
+"""A small :mod:`conductor.web` app that answers like a vLLM OpenAI server, for gateway tests.
 
 It records every generation request, streams SSE chunks (``chunk_delay_s`` apart), answers
 ``/health`` and ``/metrics`` (vLLM gauge names), and can misbehave on demand: ``health_status``
@@ -13,14 +13,12 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
+from conductor.web.messages import AnyResponse, Request, Response, StreamResponse, json_response
+from conductor.web.router import Router
 
 
 class BrokenStream(Exception):
-    """Raised inside a streaming body: uvicorn drops the connection mid-response."""
+    """Raised inside a streaming body: the server drops the connection mid-response."""
 
 
 @dataclass
@@ -41,18 +39,16 @@ class FakeEngine:
     disconnects: int = 0
     completed_streams: int = 0
 
-    def app(self) -> Starlette:
-        return Starlette(
-            routes=[
-                Route("/health", self.health),
-                Route("/metrics", self.metrics),
-                Route("/v1/completions", self.generate, methods=["POST"]),
-                Route("/v1/chat/completions", self.generate, methods=["POST"]),
-            ]
-        )
+    def app(self) -> Router:
+        router = Router()
+        router.add("GET", "/health", self.health)
+        router.add("GET", "/metrics", self.metrics)
+        router.add("POST", "/v1/completions", self.generate)
+        router.add("POST", "/v1/chat/completions", self.generate)
+        return router
 
     async def health(self, request: Request) -> Response:
-        return Response(status_code=self.health_status)
+        return Response(status=self.health_status)
 
     async def metrics(self, request: Request) -> Response:
         labels = '{engine="0",model_name="tiny"}'
@@ -67,28 +63,28 @@ class FakeEngine:
             "# TYPE vllm:kv_cache_usage_perc gauge\n"
             f"vllm:kv_cache_usage_perc{labels} {self.kv_usage}\n"
         )
-        return PlainTextResponse(text)
+        return Response(text.encode(), media_type="text/plain; charset=utf-8")
 
     def _usage(self, n: int) -> dict[str, int]:
         return {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}
 
-    async def generate(self, request: Request) -> Response:
-        body = json.loads(await request.body())
+    async def generate(self, request: Request) -> AnyResponse:
+        body = json.loads(request.body)
         self.requests.append(body)
-        self.paths.append(request.url.path)
+        self.paths.append(request.path)
         if self.hang:
-            while not await request.is_disconnected():
-                await asyncio.sleep(0.05)
-            self.disconnects += 1
-            return Response(status_code=499)
+            try:
+                await asyncio.Event().wait()  # until the client goes away (then cancelled)
+            finally:
+                self.disconnects += 1
         if self.status != 200:
             err = {"error": {"message": f"{self.name} refuses", "type": "BadRequestError"}}
-            return JSONResponse(err, status_code=self.status)
-        chat = request.url.path.endswith("chat/completions")
+            return json_response(err, self.status)
+        chat = request.path.endswith("chat/completions")
         max_tokens = body.get("max_tokens") or len(self.tokens)
         tokens = self.tokens[: int(max_tokens)]
         if body.get("stream"):
-            return StreamingResponse(self._stream(tokens, chat), media_type="text/event-stream")
+            return StreamResponse(self._stream(tokens, chat), media_type="text/event-stream")
         text = "".join(tokens)
         choice: dict[str, object] = (
             {
@@ -109,7 +105,7 @@ class FakeEngine:
         }
         if self.kv_transfer_params is not None:
             out["kv_transfer_params"] = self.kv_transfer_params
-        return JSONResponse(out)
+        return json_response(out)
 
     async def _stream(self, tokens: list[str], chat: bool) -> AsyncIterator[bytes]:
         try:

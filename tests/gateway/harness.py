@@ -1,5 +1,5 @@
 """Helpers for in-process gateway tests: a deterministic tokenizer, gateway factories, and
-uvicorn servers on 127.0.0.1 (pre-bound free ports) running in the test's event loop."""
+HTTP servers (:mod:`conductor.web`) on 127.0.0.1 running in the test's event loop."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import httpx
-import uvicorn
-from starlette.types import ASGIApp
 
 from conductor.core.conductor import Conductor
 from conductor.core.config import SchedulerConfig
 from conductor.core.policies import policy_config_defaults
 from conductor.core.policies.colocated import ColocatedDecode
 from conductor.core.types import Role
-from conductor.gateway.app import create_app
+from conductor.gateway import app as gateway_app
 from conductor.gateway.config import EngineConfig, GatewayConfig, MonitorConfig, UpstreamConfig
 from conductor.gateway.costs import gateway_preset
 from conductor.gateway.service import Gateway
+from conductor.web.router import Router
+from conductor.web.server import running
 
 BLOCK = 4
 MODEL = "tiny"
@@ -114,43 +114,25 @@ def bound_socket() -> socket.socket:
 
 
 @contextlib.asynccontextmanager
-async def serve(app: ASGIApp) -> AsyncIterator[str]:
-    """Run ``app`` with uvicorn (lifespan on) in this loop; yields its base URL."""
-    sock = bound_socket()
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        log_config=None,
-        lifespan="on",
-        ws="none",
-        access_log=False,
-        timeout_graceful_shutdown=2,
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        async with asyncio.timeout(10):
-            while not server.started:
-                if task.done():
-                    task.result()
-                    raise RuntimeError("uvicorn exited before starting")
-                await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
+async def serve(app: Router) -> AsyncIterator[str]:
+    """Serve ``app`` in this loop on a free port; yields its base URL."""
+    async with running(app) as server:
+        yield f"http://127.0.0.1:{server.port}"
 
 
 @contextlib.asynccontextmanager
 async def client_for(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    """The gateway served over real HTTP, and a client for it."""
-    async with (
-        serve(create_app(gateway)) as url,
-        httpx.AsyncClient(base_url=url, timeout=30.0) as client,
-    ):
-        yield client
+    """The gateway served over real HTTP (its background tasks running), and a client."""
+    server = gateway_app.server(gateway)
+    async with gateway_app.lifespan(gateway):
+        await server.start()
+        try:
+            async with httpx.AsyncClient(
+                base_url=f"http://127.0.0.1:{server.port}", timeout=30.0
+            ) as client:
+                yield client
+        finally:
+            await server.shutdown(2.0)
 
 
 def closed_port_url() -> str:

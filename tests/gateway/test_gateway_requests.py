@@ -312,10 +312,17 @@ async def test_unknown_route_and_wrong_method_are_json_errors() -> None:
         wrong = await client.get(COMPLETIONS)
     assert missing.status_code == 404
     assert missing.json() == {
-        "error": {"message": "Not Found", "type": "not_found_error", "code": 404}
+        "error": {"message": "no route for /v2/nothing", "type": "not_found_error", "code": 404}
     }
     assert wrong.status_code == 405
-    assert wrong.json()["error"]["type"] == "invalid_request_error"
+    assert wrong.headers["allow"] == "POST"
+    assert wrong.json() == {
+        "error": {
+            "message": "method GET is not allowed on /v1/completions",
+            "type": "invalid_request_error",
+            "code": 405,
+        }
+    }
 
 
 async def test_valid_request_is_forwarded_with_the_engine_model_name() -> None:

@@ -3,8 +3,9 @@
 This is the composition root of the gateway: it resolves the configuration
 (:mod:`conductor.cli.serve_config`), loads the tokenizer, builds the
 :class:`~conductor.core.conductor.Conductor`, the :class:`~conductor.gateway.service.Gateway`
-and its Starlette app, and runs uvicorn. ``--check`` prints the resolved configuration and
-exits instead. Bad configuration exits with status 2 and names the field and the value.
+and its HTTP server (:mod:`conductor.web`), and serves until SIGINT/SIGTERM. ``--check``
+prints the resolved configuration and exits instead. Bad configuration exits with status 2
+and names the field and the value.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from conductor.core.policies.colocated import ColocatedDecode
 from conductor.gateway.costs import preset_names
 
 ADMIN_TOKEN_ENV = "CONDUCTOR_ADMIN_TOKEN"
+SHUTDOWN_GRACE_S = 10.0
+log = logging.getLogger("conductor.serve")
 
 
 def build_conductor(settings: ServeSettings) -> Conductor:
@@ -34,11 +37,10 @@ def build_conductor(settings: ServeSettings) -> Conductor:
 
 
 def run_server(settings: ServeSettings) -> None:
-    import uvicorn
-
-    from conductor.gateway.app import create_app
+    from conductor.gateway import app
     from conductor.gateway.service import Gateway
     from conductor.gateway.tokenizer import HfTokenizer
+    from conductor.web.server import run, serve_until_stopped
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -46,16 +48,22 @@ def run_server(settings: ServeSettings) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call
     tokenizer = HfTokenizer.load(settings.model_path)
     gateway = Gateway(settings.gateway, build_conductor(settings), tokenizer)
-    app = create_app(gateway)
-    uvicorn.run(
-        app,
-        host=settings.gateway.host,
-        port=settings.gateway.port,
-        log_level=settings.log_level,
-        lifespan="on",
-        ws="none",
-        timeout_graceful_shutdown=10,
-    )
+    host, port = settings.gateway.host, settings.gateway.port
+
+    def ready(server: object) -> None:
+        log.info("conductor serve: listening on http://%s:%d", host, port)
+
+    async def main() -> None:
+        await serve_until_stopped(
+            app.server(gateway),
+            host=host,
+            port=port,
+            lifespan=app.lifespan(gateway),
+            grace_s=SHUTDOWN_GRACE_S,
+            on_ready=ready,
+        )
+
+    run(main)
 
 
 def _fail(message: str) -> typer.Exit:

@@ -1,24 +1,21 @@
-"""The HTTP surface: a Starlette app around a :class:`~conductor.gateway.service.Gateway`.
+"""The HTTP surface: a :class:`~conductor.web.router.Router` around a
+:class:`~conductor.gateway.service.Gateway`, served by :mod:`conductor.web`.
 
 OpenAI endpoints (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``), ``/health``,
 ``/metrics`` and the admin API (``/admin/engines``...), which needs ``Authorization: Bearer
 <token>``. Every error leaves as JSON ``{"error": {...}}``; nothing escapes as a traceback.
-The app's lifespan runs the gateway's background tasks.
+:func:`server` builds the HTTP server (body limit, error shape) and :func:`lifespan` runs the
+gateway's background tasks around it.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 
 from conductor.core.errors import InvalidInput
 from conductor.gateway.config import engine_from_mapping
@@ -26,64 +23,60 @@ from conductor.gateway.errors import (
     BadRequest,
     Forbidden,
     GatewayError,
-    PayloadTooLarge,
     Unauthorized,
     error_body,
+    error_response,
 )
 from conductor.gateway.metrics import CONTENT_TYPE
 from conductor.gateway.openai_api import Kind, parse_json
 from conductor.gateway.service import Gateway
+from conductor.web.messages import AnyResponse, Request, Response, json_response
+from conductor.web.router import Router
+from conductor.web.server import HttpServer
 
 log = logging.getLogger(__name__)
-Endpoint = Callable[[Request], Awaitable[Response]]
+Endpoint = Callable[[Request], Awaitable[AnyResponse]]
 
 
-async def read_limited(request: Request, limit: int) -> bytes:
-    """The request body, or :class:`PayloadTooLarge` as soon as it exceeds ``limit`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            size = int(declared)
-        except ValueError:
-            raise BadRequest(f"bad Content-Length header {declared!r}") from None
-        if size > limit:
-            raise PayloadTooLarge(f"request body of {size} bytes exceeds the limit of {limit}")
-    chunks: list[bytes] = []
-    total = 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+def server(gateway: Gateway) -> HttpServer:
+    """The gateway's HTTP server (not started): its routes, body limit and error shape."""
+    return HttpServer(
+        create_app(gateway), max_body_bytes=gateway.config.max_body_bytes, error=error_response
+    )
 
 
-def create_app(gateway: Gateway) -> Starlette:
+def lifespan(gateway: Gateway) -> AbstractAsyncContextManager[Gateway]:
+    """Runs the gateway's background tasks (health, load, KV events) while entered."""
+    return gateway.running()
+
+
+def create_app(gateway: Gateway) -> Router:
     cfg = gateway.config
+    router = Router(error=error_response)
 
     def generation(kind: Kind, endpoint: str) -> Endpoint:
-        async def handler(request: Request) -> Response:
+        responses = gateway.metrics.responses
+
+        async def handler(request: Request) -> AnyResponse:
             try:
-                raw = await read_limited(request, cfg.max_body_bytes)
-                response = await gateway.generate(kind, raw)
+                response = await gateway.generate(kind, request.body)
             except GatewayError as exc:
                 response = exc.response()
-            except ClientDisconnect:
-                response = Response(status_code=499)
+            except asyncio.CancelledError:  # the client went away
+                gateway.metrics.child(responses, endpoint, "499").inc()
+                raise
             except Exception:
                 log.exception("unexpected error in %s", endpoint)
-                response = JSONResponse(
+                response = json_response(
                     error_body(500, "internal error in the gateway", "server_error"), 500
                 )
-            gateway.metrics.child(
-                gateway.metrics.responses, endpoint, str(response.status_code)
-            ).inc()
+            gateway.metrics.child(responses, endpoint, str(response.status)).inc()
             return response
 
         return handler
 
     async def models(request: Request) -> Response:
-        return JSONResponse(
+        return json_response(
             {
                 "object": "list",
                 "data": [
@@ -107,7 +100,7 @@ def create_app(gateway: Gateway) -> Starlette:
             "engines": len(snaps),
             "healthy_engines": healthy,
         }
-        return JSONResponse(body, status_code=200 if ok else 503)
+        return json_response(body, 200 if ok else 503)
 
     async def metrics(request: Request) -> Response:
         return Response(gateway.metrics.exposition(), media_type=CONTENT_TYPE)
@@ -129,7 +122,7 @@ def create_app(gateway: Gateway) -> Starlette:
             raise Forbidden("invalid admin token")
 
     def admin(fn: Endpoint) -> Endpoint:
-        async def handler(request: Request) -> Response:
+        async def handler(request: Request) -> AnyResponse:
             try:
                 authorize(request)
                 return await fn(request)
@@ -162,66 +155,45 @@ def create_app(gateway: Gateway) -> Starlette:
         return out
 
     async def list_engines(request: Request) -> Response:
-        return JSONResponse({"engines": [engine_json(e) for e in gateway.engines]})
+        return json_response({"engines": [engine_json(e) for e in gateway.engines]})
 
     async def add_engine(request: Request) -> Response:
-        raw = await read_limited(request, cfg.max_body_bytes)
-        values = parse_json(raw)
+        values = parse_json(request.body)
         engine = engine_from_mapping(
             values, default_block_size=cfg.block_size_tokens, where="engine"
         )
         gateway.add_engine(engine)
-        return JSONResponse(engine_json(engine.engine_id), status_code=201)
+        return json_response(engine_json(engine.engine_id), 201)
 
     async def drain(request: Request) -> Response:
         engine_id = request.path_params["engine_id"]
         gateway.set_draining(engine_id, True)
-        return JSONResponse(engine_json(engine_id))
+        return json_response(engine_json(engine_id))
 
     async def resume(request: Request) -> Response:
         engine_id = request.path_params["engine_id"]
         gateway.set_draining(engine_id, False)
-        return JSONResponse(engine_json(engine_id))
+        return json_response(engine_json(engine_id))
 
     async def remove(request: Request) -> Response:
         engine_id = request.path_params["engine_id"]
         lost = gateway.remove_engine(engine_id)
-        return JSONResponse({"removed": engine_id, "inflight_requests_on_it": lost})
+        return json_response({"removed": engine_id, "inflight_requests_on_it": lost})
 
     async def engines_root(request: Request) -> Response:
         return await (add_engine if request.method == "POST" else list_engines)(request)
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        kinds = {404: "not_found_error", 405: "invalid_request_error"}
-        body = error_body(exc.status_code, str(exc.detail), kinds.get(exc.status_code, "error"))
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
-
-    async def server_error(request: Request, exc: Exception) -> Response:
-        log.error("unhandled error: %r", exc)
-        return JSONResponse(error_body(500, "internal error in the gateway", "server_error"), 500)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with gateway.running():
-            yield
-
-    routes = [
-        Route("/v1/completions", generation("completion", "completions"), methods=["POST"]),
-        Route("/v1/chat/completions", generation("chat", "chat_completions"), methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/admin/engines", admin(engines_root), methods=["GET", "POST"]),
-        Route("/admin/engines/{engine_id}", admin(remove), methods=["DELETE"]),
-        Route("/admin/engines/{engine_id}/drain", admin(drain), methods=["POST"]),
-        Route("/admin/engines/{engine_id}/resume", admin(resume), methods=["POST"]),
-    ]
-    return Starlette(
-        routes=routes,
-        lifespan=lifespan,
-        exception_handlers={HTTPException: http_error, Exception: server_error},
-    )
+    router.add("POST", "/v1/completions", generation("completion", "completions"))
+    router.add("POST", "/v1/chat/completions", generation("chat", "chat_completions"))
+    router.add("GET", "/v1/models", models)
+    router.add("GET", "/health", health)
+    router.add("GET", "/metrics", metrics)
+    router.add("GET", "/admin/engines", admin(list_engines))
+    router.add("POST", "/admin/engines", admin(add_engine))
+    router.add("DELETE", "/admin/engines/{engine_id}", admin(remove))
+    router.add("POST", "/admin/engines/{engine_id}/drain", admin(drain))
+    router.add("POST", "/admin/engines/{engine_id}/resume", admin(resume))
+    return router
 
 
 def dumps(value: object) -> str:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from starlette.responses import JSONResponse
-
 from conductor.core.errors import ConductorError
+from conductor.web.messages import Response, json_response
 
 
 class GatewayError(ConductorError):
@@ -35,8 +34,8 @@ class GatewayError(ConductorError):
         err["code"] = self.status
         return {"error": err}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self) -> Response:
+        return json_response(self.body(), self.status, self.headers or None)
 
 
 class BadRequest(GatewayError):
@@ -103,3 +102,20 @@ class UpstreamTimeout(GatewayError):
 def error_body(status: int, message: str, error_type: str) -> dict[str, object]:
     """The error shape for statuses that come from elsewhere (e.g. an engine's 4xx)."""
     return {"error": {"message": message, "type": error_type, "code": status}}
+
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "server_error",
+}
+
+
+def error_response(status: int, message: str, headers: Mapping[str, str] | None) -> Response:
+    """How the HTTP layer words its own errors (no route, wrong method, body too large,
+    malformed request, an unexpected failure): the same JSON shape as every other error."""
+    return json_response(
+        error_body(status, message, ERROR_TYPES.get(status, "error")), status, headers
+    )

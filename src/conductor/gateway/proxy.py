@@ -13,15 +13,13 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Mapping
 
-import anyio
 import httpx
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from conductor.gateway.config import KV_TRANSFER_PARAMS_PREFILL
 from conductor.gateway.errors import UpstreamError, UpstreamTimeout, error_body
 from conductor.gateway.flight import Flight, Outcome
 from conductor.gateway.upstream import Upstream, UpstreamResponse
+from conductor.web.messages import Response, StreamResponse
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +88,12 @@ async def open_upstream(
 
 
 async def close_quietly(resp: UpstreamResponse) -> None:
-    """Close ``resp`` even while the caller is being cancelled (bounded by a grace time)."""
-    with anyio.move_on_after(CLOSE_GRACE_S, shield=True):
-        try:
-            await resp.aclose()
-        except httpx.HTTPError as exc:
-            log.debug("closing upstream response: %s", exc)
+    """Close ``resp``; the closing goes on even if the caller is being cancelled (bounded by
+    a grace time)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(resp.aclose()), CLOSE_GRACE_S)
+    except (httpx.HTTPError, OSError, TimeoutError) as exc:
+        log.debug("closing upstream response: %r", exc)
 
 
 async def read_body(resp: UpstreamResponse, flight: Flight, *, deadline: float) -> bytes:
@@ -124,7 +122,7 @@ def passthrough(status: int, content: bytes, headers: Mapping[str, str]) -> Resp
     except ValueError:
         text = content.decode(errors="replace")[:500] or f"engine answered {status}"
         content = json.dumps(error_body(status, text, "upstream_error")).encode()
-    return Response(content, status_code=status, headers=headers, media_type="application/json")
+    return Response(content, status, headers, "application/json")
 
 
 def sse_error(message: str, status: int, error_type: str) -> bytes:
@@ -132,64 +130,23 @@ def sse_error(message: str, status: int, error_type: str) -> bytes:
     return f"data: {payload}\n\ndata: [DONE]\n\n".encode()
 
 
-class TrackedStream(StreamingResponse):
-    """A streamed relay that always ends its flight and closes its upstream response, even
-    when the client goes away before or while the body streams.
+def tracked_stream(
+    flight: Flight,
+    upstream: UpstreamResponse,
+    *,
+    deadline: float,
+    headers: Mapping[str, str],
+) -> StreamResponse:
+    """The engine's SSE stream relayed to the client. The flight always ends and the upstream
+    response is always closed, also when the client goes away before or while the body
+    streams (the server then cancels the sending and runs ``on_close``)."""
 
-    Unlike Starlette's ``StreamingResponse`` (an anyio task group per response), the body is
-    sent from the request's own task; one plain asyncio task watches for the client's
-    disconnect and cancels the sending when it comes."""
+    async def on_close() -> None:
+        flight.close(Outcome.CLIENT_DISCONNECT)  # no-op if the relay closed it
+        await close_quietly(upstream)
 
-    def __init__(
-        self,
-        flight: Flight,
-        upstream: UpstreamResponse,
-        *,
-        deadline: float,
-        headers: Mapping[str, str],
-    ) -> None:
-        self.flight = flight
-        self.upstream = upstream
-        self._relay = relay(upstream, flight, deadline=deadline)
-        super().__init__(self._relay, headers=headers, media_type="text/event-stream")
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        state = {"sending": True, "gone": False}
-
-        async def watch() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    if state["sending"]:
-                        state["gone"] = True
-                        task.cancel()
-                    return
-
-        watcher = asyncio.create_task(watch())
-        try:
-            await self._send_all(send)
-        except asyncio.CancelledError:
-            if not state["gone"] or task.uncancel() > 0:
-                raise  # not (only) our own cancellation: pass it on
-        except OSError:
-            pass  # the client went away (ASGI 2.4 servers raise on send)
-        finally:
-            state["sending"] = False
-            watcher.cancel()
-            self.flight.close(Outcome.CLIENT_DISCONNECT)  # no-op if the relay closed it
-            with anyio.move_on_after(CLOSE_GRACE_S, shield=True):
-                await self._relay.aclose()
-            await close_quietly(self.upstream)
-
-    async def _send_all(self, send: Send) -> None:
-        await send(
-            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        )
-        async for chunk in self._relay:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    body = relay(upstream, flight, deadline=deadline)
+    return StreamResponse(body, 200, headers, "text/event-stream", on_close)
 
 
 async def relay(

@@ -27,7 +27,6 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 import zmq.asyncio
-from starlette.responses import Response
 
 from conductor.core.conductor import Conductor
 from conductor.core.errors import InvalidInput, UnknownInstance
@@ -58,16 +57,17 @@ from conductor.gateway.openai_api import (
 )
 from conductor.gateway.proxy import (
     NotStarted,
-    TrackedStream,
     kv_params_of,
     open_upstream,
     passthrough,
     prefill_body,
     read_body,
+    tracked_stream,
     upstream_body,
 )
 from conductor.gateway.tokenizer import PromptTokenizer, prompt_token_ids, request_block_hashes
 from conductor.gateway.upstream import HttpxUpstream, RawHttpClient, Timeouts, Upstream
+from conductor.web.messages import AnyResponse, Response
 
 log = logging.getLogger(__name__)
 
@@ -438,7 +438,7 @@ class Gateway:
             per_choice = COMPLETION_DEFAULT_MAX_TOKENS if req.kind == "completion" else room
         return min(per_choice, room) * req.n
 
-    async def generate(self, kind: Kind, raw_body: bytes) -> Response:
+    async def generate(self, kind: Kind, raw_body: bytes) -> AnyResponse:
         """One OpenAI request, start to finish; raises :class:`GatewayError` for the client."""
         req = parse_request(kind, parse_json(raw_body))
         if req.model != self.config.model_name:
@@ -547,7 +547,7 @@ class Gateway:
     def _model_for(self, handle: EngineHandle) -> str:
         return handle.upstream_model or self.config.model_name
 
-    async def _execute(self, req: ParsedRequest, flight: Flight, deadline: float) -> Response:
+    async def _execute(self, req: ParsedRequest, flight: Flight, deadline: float) -> AnyResponse:
         plan = flight.plan
         path = PATHS[req.kind]
         prefill = self.engines[plan.prefill]
@@ -602,7 +602,7 @@ class Gateway:
         body: dict[str, object],
         flight: Flight,
         deadline: float,
-    ) -> Response:
+    ) -> AnyResponse:
         """The leg whose answer goes to the client (streamed or whole)."""
         url = engine.config.url + PATHS[req.kind]
         resp = await open_upstream(
@@ -619,10 +619,10 @@ class Gateway:
             flight.close(Outcome.UPSTREAM_ERROR)
             return passthrough(resp.status_code, content, headers)
         if req.stream:
-            return TrackedStream(flight, resp, deadline=deadline, headers=headers)
+            return tracked_stream(flight, resp, deadline=deadline, headers=headers)
         if flight.mode is Mode.AGGREGATED:
             flight.assume_prefill_end(asyncio.get_running_loop())
         content = await read_body(resp, flight, deadline=deadline)
         flight.close(Outcome.COMPLETED)
         media = resp.headers.get("content-type", "application/json")
-        return Response(content, status_code=200, headers=headers, media_type=media)
+        return Response(content, 200, headers, media)

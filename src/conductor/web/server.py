@@ -93,6 +93,7 @@ class HttpProtocol(asyncio.Protocol):
         self.body: list[bytes] = []
         self.body_size = 0
         self.too_large = False
+        self.declared_size: int | None = None
         self.pending: deque[Request] = deque()
         self.keep_alive: deque[bool] = deque()
         self.task: asyncio.Task[None] | None = None
@@ -178,6 +179,7 @@ class HttpProtocol(asyncio.Protocol):
             and int(declared) > self.server.max_body_bytes
         ):
             self.too_large = True
+            self.declared_size = int(declared)
             if expects:  # the client waits for our word before sending the body: refuse now
                 self._reject(413, self._too_large_message())
             return
@@ -185,7 +187,10 @@ class HttpProtocol(asyncio.Protocol):
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def _too_large_message(self) -> str:
-        return f"request body exceeds the limit of {self.server.max_body_bytes} bytes"
+        limit = self.server.max_body_bytes
+        if self.declared_size is not None:
+            return f"request body of {self.declared_size} bytes exceeds the limit of {limit}"
+        return f"request body exceeds the limit of {limit} bytes"
 
     def on_body(self, body: bytes) -> None:
         if self.too_large:
