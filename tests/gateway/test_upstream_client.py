@@ -8,7 +8,7 @@ import asyncio
 import httpx
 import pytest
 
-from conductor.gateway.upstream import RawHttpClient, Timeouts, parse_head
+from conductor.gateway.upstream import RawHttpClient, Timeouts
 
 pytestmark = pytest.mark.anyio
 
@@ -76,9 +76,58 @@ async def test_refused_connection_raises_connect_error() -> None:
         await RawHttpClient(TIMEOUTS).post(f"http://127.0.0.1:{port}/", b"{}", None)
 
 
-def test_parse_head() -> None:
-    status, headers = parse_head(b"HTTP/1.1 404 Not Found\r\nA: 1\r\na: 2\r\n\r\n")
-    assert status == 404
-    assert headers == {"a": "1, 2"}
-    with pytest.raises(ValueError):
-        parse_head(b"garbage\r\n\r\n")
+async def test_body_until_close_and_interim_100_continue() -> None:
+    answers = [b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 200 OK\r\nX-A: 1\r\n\r\nuntil the end"]
+    server, conns = await _server(answers, close_after=True)
+    port = server.sockets[0].getsockname()[1]
+    client = RawHttpClient(TIMEOUTS)
+    async with server:
+        resp = await client.post(f"http://127.0.0.1:{port}/", b"{}", None)
+        assert resp.status_code == 200
+        assert resp.headers.get("x-a") == "1"
+        assert await resp.aread() == b"until the end"
+        await client.aclose()
+    assert conns[0] == 1
+
+
+async def test_connection_closed_mid_body_is_a_protocol_error() -> None:
+    answers = [b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"]
+    server, _ = await _server(answers, close_after=True)
+    port = server.sockets[0].getsockname()[1]
+    client = RawHttpClient(TIMEOUTS)
+    async with server:
+        resp = await client.post(f"http://127.0.0.1:{port}/", b"{}", None)
+        with pytest.raises(httpx.RemoteProtocolError, match="mid-body"):
+            await resp.aread()
+        await client.aclose()
+
+
+async def test_garbage_answer_is_a_protocol_error() -> None:
+    server, _ = await _server([b"SMTP ready\r\n\r\n"], close_after=True)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        with pytest.raises(httpx.RemoteProtocolError, match="bad answer"):
+            await RawHttpClient(TIMEOUTS).post(f"http://127.0.0.1:{port}/", b"{}", None)
+
+
+async def test_silent_engine_times_out_and_frees_the_slot() -> None:
+    finished: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(1 << 16):  # never answers; until the client gives up
+            pass
+        writer.close()
+        await writer.wait_closed()
+        finished.append(1)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    timeouts = Timeouts(connect_s=1.0, read_s=0.2, pool_s=0.2)
+    client = RawHttpClient(timeouts, max_connections_per_host=1)
+    async with server:
+        for _ in range(2):  # the second would be a PoolTimeout if the first kept its slot
+            with pytest.raises(httpx.ReadTimeout, match="did not answer"):
+                await client.post(f"http://127.0.0.1:{port}/", b"{}", None)
+        async with asyncio.timeout(5):
+            while len(finished) < 2:  # both connections were closed by the client
+                await asyncio.sleep(0.01)

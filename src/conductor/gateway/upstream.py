@@ -7,6 +7,11 @@ part of ``httpx.Response``'s interface the proxy uses (``status_code``, ``header
 ``aread``, ``aiter_raw``, ``aclose``). Bodies may be delimited by ``Content-Length``, chunked
 transfer encoding or the connection's end.
 
+Each connection is an ``asyncio.Protocol`` feeding ``httptools``' response parser: body
+bytes are queued as they arrive and a reader takes everything queued at once (pieces that
+arrived together leave together, one write to the client), waiting with one timer instead
+of a timeout context per read.
+
 Failures raise the httpx exception classes (``ConnectError``, ``ConnectTimeout``,
 ``PoolTimeout``, ``ReadTimeout``, ``ReadError``, ``WriteError``, ``RemoteProtocolError``), so
 :mod:`conductor.gateway.proxy` classifies both clients alike. A request whose *reused*
@@ -19,17 +24,16 @@ fresh connection (as httpx does): the engine never saw it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
+import httptools
 import httpx
 
-MAX_HEADER_BYTES = 64 * 1024
-STREAM_LIMIT = 1 << 20
-"""asyncio stream buffer limit (longest line/chunk-size line read at once)."""
+MAX_BUFFERED_BYTES = 1 << 20
+"""Reading from an engine pauses while this much of its answer waits for the client."""
 
 
 class UpstreamResponse(Protocol):
@@ -84,17 +88,8 @@ class Timeouts:
     pool_s: float
 
 
-@dataclass(slots=True)
-class _Conn:
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-
-    def usable(self) -> bool:
-        return not self.writer.is_closing() and not self.reader.at_eof()
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.writer.close()
+class _Stale(Exception):
+    """The connection was closed before the engine answered anything."""
 
 
 class _Pool:
@@ -109,165 +104,246 @@ class _Pool:
         self.host_header = f"{host}:{port}".encode("latin-1")
 
 
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection to an engine; answers one request at a time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.lost = False
+        self.response: RawResponse | None = None
+        self.head: asyncio.Future[RawResponse] | None = None
+        self._headers: dict[str, str] = {}
+        self._answered = False
+        self._read_timeout_s = 0.0
+        self._pool: _Pool | None = None
+
+    # -- transport events -----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        head, self.head = self.head, None
+        if head is not None and not head.done():
+            if not self._answered:
+                head.set_exception(_Stale())
+            elif exc is not None:
+                head.set_exception(httpx.ReadError(f"reading from the engine: {exc}"))
+            else:
+                head.set_exception(
+                    httpx.RemoteProtocolError("the engine closed the connection mid-head")
+                )
+        response = self.response
+        if response is not None:
+            response._connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._answered = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(httpx.RemoteProtocolError(f"bad answer from the engine: {exc}"))
+
+    def _fail(self, error: Exception) -> None:
+        head, self.head = self.head, None
+        if head is not None and not head.done():
+            head.set_exception(error)
+        if self.response is not None:
+            self.response._error(error)
+        self.close()
+
+    # -- parser callbacks -----------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._headers = {}
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        old = self._headers.get(key)
+        self._headers[key] = text if old is None else f"{old}, {text}"
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            return  # an interim answer (100 Continue): the real one follows
+        head, self.head = self.head, None
+        if head is None or head.done() or self._pool is None:
+            self.close()  # an answer nobody asked for (or asks any more): drop the connection
+            return
+        response = RawResponse(self, self._pool, status, self._headers, self._read_timeout_s)
+        self.response = response
+        head.set_result(response)
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response._feed(body)
+
+    def on_message_complete(self) -> None:
+        response = self.response
+        if response is not None and response.status_code >= 200:
+            keep = self.parser.should_keep_alive()
+            self.response = None
+            response._complete(keep)
+
+    # -- requests -------------------------------------------------------------------------
+    def usable(self) -> bool:
+        return not self.lost and self.transport is not None and not self.transport.is_closing()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    async def exchange(self, pool: _Pool, request: bytes, read_timeout_s: float) -> RawResponse:
+        """Sends ``request`` and returns once the answer's head arrived."""
+        assert self.transport is not None and self.response is None
+        self._pool = pool
+        self._answered = False
+        self._read_timeout_s = read_timeout_s
+        head: asyncio.Future[RawResponse] = self.loop.create_future()
+        self.head = head
+        self.transport.write(request)
+        timer = self.loop.call_later(read_timeout_s, _expire, head, "the engine did not answer")
+        try:
+            return await head
+        except BaseException:  # a timeout, a failure or the caller's cancellation
+            self.head = None
+            self.close()
+            raise
+        finally:
+            timer.cancel()
+
+
+def _expire(waiter: asyncio.Future[Any], message: str) -> None:
+    if not waiter.done():
+        waiter.set_exception(httpx.ReadTimeout(message))
+
+
 class RawResponse:
     """One answer on a pooled connection; the connection goes back to the pool once the body
     was read to its end (and the engine allows keep-alive), else it is closed."""
 
     def __init__(
         self,
-        client: RawHttpClient,
-        pool: _Pool,
         conn: _Conn,
+        pool: _Pool,
         status_code: int,
         headers: dict[str, str],
         read_timeout_s: float,
     ) -> None:
-        self._client = client
-        self._pool = pool
         self._conn: _Conn | None = conn
+        self._pool = pool
         self.status_code = status_code
         self.headers: Mapping[str, str] = headers
         self._read_timeout_s = read_timeout_s
-        self._keep_alive = headers.get("connection", "").lower() != "close"
+        self._parts: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._done = False
+        self._failure: Exception | None = None
+        self._waiter: asyncio.Future[None] | None = None
         te = headers.get("transfer-encoding", "").lower()
-        self._chunked = "chunked" in te
-        length = headers.get("content-length")
-        self._remaining: int | None = None
-        if not self._chunked and length is not None:
-            try:
-                self._remaining = int(length)
-            except ValueError:
-                raise httpx.RemoteProtocolError(f"bad Content-Length {length!r}") from None
-            if self._remaining < 0:
-                raise httpx.RemoteProtocolError(f"bad Content-Length {length!r}")
-        elif not self._chunked:
-            self._keep_alive = False  # the body ends with the connection
-        self._done = status_code in (204, 304) or self._remaining == 0
-        if self._done:
-            self._release()
+        self._until_close = (
+            "chunked" not in te
+            and "content-length" not in headers
+            and status_code not in (204, 304)
+        )
 
-    def _release(self) -> None:
+    # -- fed by the connection ------------------------------------------------------------
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _feed(self, data: bytes) -> None:
+        self._parts.append(data)
+        self._buffered += len(data)
+        conn = self._conn
+        if self._buffered > MAX_BUFFERED_BYTES and not self._paused and conn is not None:
+            self._paused = True
+            assert conn.transport is not None
+            conn.transport.pause_reading()
+        self._wake()
+
+    def _complete(self, keep_alive: bool) -> None:
+        self._done = True
+        self._release(keep_alive)
+        self._wake()
+
+    def _connection_lost(self, exc: Exception | None) -> None:
+        if self._done:
+            return
+        if self._until_close and exc is None:
+            self._done = True  # the body ends with the connection
+        elif exc is not None:
+            self._failure = httpx.ReadError(f"reading from the engine: {exc}")
+        else:
+            self._failure = httpx.RemoteProtocolError("the engine closed the connection mid-body")
+        self._drop()
+        self._wake()
+
+    def _error(self, error: Exception) -> None:
+        if not self._done and self._failure is None:
+            self._failure = error
+        self._drop()
+        self._wake()
+
+    # -- the connection's fate ------------------------------------------------------------
+    def _release(self, keep_alive: bool) -> None:
         conn, self._conn = self._conn, None
         if conn is None:
             return
         self._pool.slots.release()
-        if self._keep_alive and conn.usable() and len(self._pool.idle) < self._pool.max_idle:
+        if self._paused and conn.transport is not None:
+            conn.transport.resume_reading()
+        if keep_alive and conn.usable() and len(self._pool.idle) < self._pool.max_idle:
             self._pool.idle.append(conn)
         else:
             conn.close()
 
-    def _discard(self) -> None:
+    def _drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
+            conn.response = None
             self._pool.slots.release()
             conn.close()
 
-    async def _read(self, coro_kind: str, n: int = 0) -> bytes:
-        conn = self._conn
-        assert conn is not None
-        reader = conn.reader
-        buf = getattr(reader, "_buffer", None)
-        try:
-            if buf and (
-                (coro_kind == "line" and b"\r\n" in buf)
-                or (coro_kind == "exact" and len(buf) >= n)
-                or coro_kind == "some"
-            ):  # already buffered: completes without waiting, no timer needed
-                if coro_kind == "line":
-                    return await reader.readuntil(b"\r\n")
-                if coro_kind == "exact":
-                    return await reader.readexactly(n)
-                return await reader.read(n)
-            async with asyncio.timeout(self._read_timeout_s):
-                if coro_kind == "line":
-                    return await reader.readuntil(b"\r\n")
-                if coro_kind == "exact":
-                    return await reader.readexactly(n)
-                return await reader.read(n)
-        except TimeoutError:
-            self._discard()
-            raise httpx.ReadTimeout("the engine stopped sending") from None
-        except asyncio.IncompleteReadError:
-            self._discard()
-            raise httpx.RemoteProtocolError("the engine closed the connection mid-body") from None
-        except asyncio.LimitOverrunError:
-            self._discard()
-            raise httpx.RemoteProtocolError("a chunk-size line is too long") from None
-        except OSError as exc:
-            self._discard()
-            raise httpx.ReadError(f"reading from the engine: {exc}") from None
-
-    async def _next_chunk(self) -> bytes | None:
-        """The next piece of the body, or None at its end."""
-        if self._done or self._conn is None:
-            return None
-        if self._chunked:
-            line = await self._read("line")
-            size_text = line.split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                self._discard()
-                raise httpx.RemoteProtocolError(f"bad chunk size {size_text!r}") from None
-            if size == 0:
-                while (await self._read("line")) != b"\r\n":  # trailers
-                    pass
-                self._done = True
-                self._release()
+    # -- the reader's side ----------------------------------------------------------------
+    async def _next(self) -> bytes | None:
+        """Everything that arrived since the last call, or None at the body's end."""
+        while True:
+            if self._parts:
+                parts, self._parts = self._parts, []
+                self._buffered = 0
+                if self._paused and self._conn is not None and self._conn.transport is not None:
+                    self._paused = False
+                    self._conn.transport.resume_reading()
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            if self._failure is not None:
+                raise self._failure
+            if self._done:
                 return None
-            data = await self._read("exact", size + 2)
-            if not data.endswith(b"\r\n"):
-                self._discard()
-                raise httpx.RemoteProtocolError("a chunk does not end with CRLF")
-            return data[:-2]
-        if self._remaining is not None:
-            data = await self._read("some", min(self._remaining, 65536))
-            if not data:
-                self._discard()
-                raise httpx.RemoteProtocolError("the engine closed the connection mid-body")
-            self._remaining -= len(data)
-            if self._remaining == 0:
-                self._done = True
-                self._release()
-            return data
-        data = await self._read("some", 65536)
-        if not data:
-            self._done = True
-            self._discard()
-            return None
-        return data
-
-    def _chunk_buffered(self) -> bool:
-        """Whether a whole next chunk already sits in the read buffer (so the pieces that
-        arrived together leave together: one write to the client instead of several)."""
-        conn = self._conn
-        buf = getattr(conn.reader, "_buffer", None) if conn is not None else None
-        if not buf:
-            return False
-        end = buf.find(b"\r\n")
-        if end < 0:
-            return False
-        try:
-            size = int(bytes(buf[:end]).split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            return False
-        return bool(len(buf) >= end + 2 + size + 2)
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            timer = waiter.get_loop().call_later(
+                self._read_timeout_s, _expire, waiter, "the engine stopped sending"
+            )
+            try:
+                await waiter
+            except httpx.ReadTimeout:
+                self._drop()
+                raise
+            finally:
+                timer.cancel()
+                self._waiter = None
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         while True:
-            chunk = await self._next_chunk()
+            chunk = await self._next()
             if chunk is None:
                 return
-            if self._chunked and self._chunk_buffered():
-                parts = [chunk]
-                while self._chunk_buffered():
-                    more = await self._next_chunk()
-                    if more is None:
-                        break
-                    parts.append(more)
-                chunk = b"".join(parts)
-            if chunk:
-                yield chunk
+            yield chunk
 
     async def aread(self) -> bytes:
         parts = [chunk async for chunk in self.aiter_raw()]
@@ -275,11 +351,11 @@ class RawResponse:
 
     async def aclose(self) -> None:
         if not self._done:
-            self._discard()
+            self._drop()
 
 
 class RawHttpClient:
-    """:class:`Upstream` over pooled asyncio streams (``http://`` URLs only)."""
+    """:class:`Upstream` over pooled protocol connections (``http://`` URLs only)."""
 
     def __init__(
         self, timeouts: Timeouts, *, max_connections_per_host: int = 1024, max_idle: int = 256
@@ -307,16 +383,15 @@ class RawHttpClient:
         return pool, path.encode("latin-1")
 
     async def _connect(self, pool: _Pool) -> _Conn:
+        loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.timeouts.connect_s):
-                reader, writer = await asyncio.open_connection(
-                    pool.host, pool.port, limit=STREAM_LIMIT
-                )
+                _, conn = await loop.create_connection(lambda: _Conn(loop), pool.host, pool.port)
         except TimeoutError:
             raise httpx.ConnectTimeout(f"connecting to {pool.host}:{pool.port}") from None
         except OSError as exc:
             raise httpx.ConnectError(f"connecting to {pool.host}:{pool.port}: {exc}") from None
-        return _Conn(reader, writer)
+        return conn
 
     async def post(
         self, url: str, body: bytes, headers: Mapping[str, str] | None
@@ -344,6 +419,7 @@ class RawHttpClient:
                 raise httpx.PoolTimeout("no free connection to the engine") from None
         else:
             await pool.slots.acquire()
+        read_s = self.timeouts.read_s
         try:
             while pool.idle:
                 conn = pool.idle.pop()
@@ -351,12 +427,12 @@ class RawHttpClient:
                     conn.close()
                     continue
                 try:
-                    return await self._exchange(pool, conn, request)
+                    return await conn.exchange(pool, request, read_s)
                 except _Stale:
                     continue  # closed by the engine while idle: try another
             conn = await self._connect(pool)
             try:
-                return await self._exchange(pool, conn, request)
+                return await conn.exchange(pool, request, read_s)
             except _Stale:
                 raise httpx.RemoteProtocolError(
                     "the engine closed the connection without answering"
@@ -365,94 +441,8 @@ class RawHttpClient:
             pool.slots.release()
             raise
 
-    async def _exchange(self, pool: _Pool, conn: _Conn, request: bytes) -> RawResponse:
-        """Send ``request`` on ``conn`` and read the response head. Raises :class:`_Stale`
-        when the connection was closed before any answer byte (safe to send again)."""
-        try:
-            return await self._exchange_on(pool, conn, request)
-        except BaseException:  # cancelled (the request's deadline) included
-            conn.close()
-            raise
-
-    async def _exchange_on(self, pool: _Pool, conn: _Conn, request: bytes) -> RawResponse:
-        try:
-            conn.writer.write(request)
-            if conn.writer.transport.get_write_buffer_size() > 0:
-                async with asyncio.timeout(self.timeouts.read_s):
-                    await conn.writer.drain()
-        except TimeoutError:
-            conn.close()
-            raise httpx.WriteTimeout("writing to the engine") from None
-        except (ConnectionResetError, BrokenPipeError):
-            conn.close()
-            raise _Stale from None
-        except OSError as exc:
-            conn.close()
-            raise httpx.WriteError(f"writing to the engine: {exc}") from None
-        try:
-            async with asyncio.timeout(self.timeouts.read_s):
-                raw = await conn.reader.readuntil(b"\r\n\r\n")
-        except TimeoutError:
-            conn.close()
-            raise httpx.ReadTimeout("the engine did not answer") from None
-        except asyncio.IncompleteReadError as exc:
-            conn.close()
-            if not exc.partial:
-                raise _Stale from None
-            raise httpx.RemoteProtocolError("the engine closed the connection mid-head") from None
-        except asyncio.LimitOverrunError:
-            conn.close()
-            raise httpx.RemoteProtocolError("the response head is too long") from None
-        except ConnectionResetError:
-            conn.close()
-            raise _Stale from None
-        except OSError as exc:
-            conn.close()
-            raise httpx.ReadError(f"reading from the engine: {exc}") from None
-        try:
-            status, headers = parse_head(raw)
-        except ValueError as exc:
-            conn.close()
-            raise httpx.RemoteProtocolError(str(exc)) from None
-        try:
-            return RawResponse(self, pool, conn, status, headers, self.timeouts.read_s)
-        except BaseException:
-            conn.close()
-            raise
-
     async def aclose(self) -> None:
         for pool in self._pools.values():
             for conn in pool.idle:
                 conn.close()
             pool.idle.clear()
-
-
-class _Stale(Exception):
-    """The connection was closed before the engine answered anything."""
-
-
-def parse_head(raw: bytes) -> tuple[int, dict[str, str]]:
-    """Status code and (lower-cased) headers of a response head ending in CRLF CRLF."""
-    if len(raw) > MAX_HEADER_BYTES:
-        raise ValueError("the response head is too long")
-    lines = raw.decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    if not version.startswith("HTTP/1."):
-        raise ValueError(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
-    try:
-        status = int(rest[:3])
-    except ValueError:
-        raise ValueError(f"bad status line {lines[0][:80]!r}") from None
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise ValueError(f"bad header line {line[:80]!r}")
-        key = name.strip().lower()
-        value = value.strip()
-        headers[key] = f"{headers[key]}, {value}" if key in headers else value
-    if version == "HTTP/1.0" and headers.get("connection", "").lower() != "keep-alive":
-        headers.setdefault("connection", "close")
-    return status, headers
