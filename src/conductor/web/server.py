@@ -101,6 +101,8 @@ class HttpProtocol(asyncio.Protocol):
         self.drain_waiter: asyncio.Future[None] | None = None
         self.reading_paused = False
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.out: list[bytes] = []
+        self.flush_scheduled = False
         self.closed = False
         self.final_error: tuple[int, str] | None = None
         self.broken = False
@@ -183,8 +185,8 @@ class HttpProtocol(asyncio.Protocol):
             if expects:  # the client waits for our word before sending the body: refuse now
                 self._reject(413, self._too_large_message())
             return
-        if expects and self.transport is not None:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if expects and self.task is None:  # (not in the middle of an earlier answer)
+            self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def _too_large_message(self) -> str:
         limit = self.server.max_body_bytes
@@ -224,6 +226,33 @@ class HttpProtocol(asyncio.Protocol):
                 self.reading_paused = True
                 self.transport.pause_reading()
 
+    # -- output ---------------------------------------------------------------------------
+    def _write(self, data: bytes) -> None:
+        """Queues ``data``; everything queued while the loop runs the current callbacks leaves
+        in one send (on loopback each send also runs the receiver's network stack, so a
+        streamed answer whose pieces are ready together costs one send, not one per piece)."""
+        self.out.append(data)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_scheduled = False
+        out = self.out
+        if not out:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    def _close(self) -> None:
+        """Sends what is queued, then closes."""
+        self._flush()
+        if self.transport is not None:
+            self.transport.close()
+
     # -- answering ------------------------------------------------------------------------
     def _reject(self, status: int, message: str) -> None:
         """An error answer to a request we will not hand to the application; the connection
@@ -242,8 +271,8 @@ class HttpProtocol(asyncio.Protocol):
             status, message = self.final_error
             self.final_error = None
             response = self.server.error(status, message, None)
-            transport.write(self._head(response, len(response.body), False) + response.body)
-        transport.close()
+            self._write(self._head(response, len(response.body), False) + response.body)
+        self._close()
 
     def _head(self, response: Response | StreamResponse, length: int | None, keep: bool) -> bytes:
         parts = [status_line(response.status), SERVER_HEADER, self.server.date.line()]
@@ -305,7 +334,7 @@ class HttpProtocol(asyncio.Protocol):
                 response = self.server.error(500, "internal server error", None)
                 body = response.body
                 head = self._head(response, len(body), keep)
-            transport.write(head if head_only else head + body)
+            self._write(head if head_only else head + body)
             return keep
         return await self._stream(response, keep, head_only)
 
@@ -314,25 +343,25 @@ class HttpProtocol(asyncio.Protocol):
         assert transport is not None
         try:
             try:
-                transport.write(self._head(response, None, keep))
+                self._write(self._head(response, None, keep))
             except ValueError:
                 log.exception("bad stream response headers")
-                transport.close()
+                self._close()
                 return False
             if head_only:
-                transport.write(b"0\r\n\r\n")
+                self._write(b"0\r\n\r\n")
                 return keep
             async for chunk in response.body:
                 if not chunk:
                     continue
                 if self.closed or transport.is_closing():
                     raise _ClientGone
-                transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                self._write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
                 if self.write_paused:
                     await self._drain()
             if self.closed or transport.is_closing():
                 return False
-            transport.write(b"0\r\n\r\n")
+            self._write(b"0\r\n\r\n")
             return keep
         except _ClientGone:
             return False
@@ -345,7 +374,7 @@ class HttpProtocol(asyncio.Protocol):
             # headers are out: all we can do is end the connection without the last chunk,
             # so the client sees an incomplete body instead of a truncated "complete" one
             log.exception("stream body failed")
-            transport.close()
+            self._close()
             return False
         finally:
             await _close_stream(response)
@@ -372,11 +401,11 @@ class HttpProtocol(asyncio.Protocol):
     def _idle_close(self) -> None:
         self.idle_timer = None
         if self.task is None and not self.pending and self.transport is not None:
-            self.transport.close()
+            self._close()
 
     def close_if_idle(self) -> bool:
         if self.task is None and self.transport is not None:
-            self.transport.close()
+            self._close()
             return True
         return False
 
@@ -468,7 +497,7 @@ class HttpServer:
             if conn.task is not None and not conn.task.done():
                 conn.task.cancel()
             if conn.transport is not None:
-                conn.transport.close()
+                conn._close()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), timeout=1.0)
