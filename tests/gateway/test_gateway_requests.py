@@ -45,6 +45,13 @@ CASES: list[tuple[str, str, object, int, dict[str, object]]] = [
             "(line 1 column 18)"
         ),
     ),
+    (
+        "nan_is_not_json",
+        COMPLETIONS,
+        b'{"model": "tiny", "prompt": "hi", "temperature": NaN}',
+        400,
+        err("request body is not valid JSON: JSON is malformed: invalid character (byte 49)"),
+    ),
     ("empty_body", COMPLETIONS, b"", 400, err("request body is empty; expected a JSON object")),
     (
         "not_object",

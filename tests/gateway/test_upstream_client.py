@@ -131,3 +131,38 @@ async def test_silent_engine_times_out_and_frees_the_slot() -> None:
         async with asyncio.timeout(5):
             while len(finished) < 2:  # both connections were closed by the client
                 await asyncio.sleep(0.01)
+
+
+async def test_chunks_stop_at_the_deadline_and_drop_the_connection() -> None:
+    finished: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n")
+        while await reader.read(1 << 16):  # then silence, until the client gives up
+            pass
+        writer.close()
+        await writer.wait_closed()
+        finished.append(1)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = RawHttpClient(TIMEOUTS, max_connections_per_host=1)
+    async with server:
+        resp = await client.post(f"http://127.0.0.1:{port}/", b"{}", None)
+        got: list[bytes] = []
+        deadline = asyncio.get_running_loop().time() + 0.2  # well before the read timeout
+        with pytest.raises(TimeoutError):
+            async for chunk in resp.chunks(deadline):
+                got.append(chunk)
+        assert got == [b"hi"]
+        again = await asyncio.wait_for(  # the slot was freed: a new request gets through
+            client.post(f"http://127.0.0.1:{port}/", b"{}", None), 2
+        )
+        assert again.status_code == 200
+        await again.aclose()
+        await client.aclose()
+        async with asyncio.timeout(5):
+            while len(finished) < 2:
+                await asyncio.sleep(0.01)

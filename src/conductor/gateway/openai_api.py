@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from conductor.gateway.errors import BadRequest
+from conductor.gateway.wire import json_codec
 
 Kind = Literal["completion", "chat"]
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -52,13 +53,18 @@ def parse_json(raw: bytes) -> dict[str, object]:
     if not raw.strip():
         raise BadRequest("request body is empty; expected a JSON object")
     try:
-        value = json.loads(raw)
-    except UnicodeDecodeError:
-        raise BadRequest("request body is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise BadRequest(
-            f"request body is not valid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})"
-        ) from None
+        value = json_codec.decode(raw)
+    except json_codec.JsonError as fast_error:
+        # strict (no NaN, numbers in range); the standard parser words most errors better
+        try:
+            json.loads(raw)
+        except UnicodeDecodeError:
+            raise BadRequest("request body is not UTF-8 text") from None
+        except json.JSONDecodeError as exc:
+            raise BadRequest(
+                f"request body is not valid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})"
+            ) from None
+        raise BadRequest(f"request body is not valid JSON: {fast_error}") from None
     if not isinstance(value, dict):
         raise BadRequest(f"request body must be a JSON object, got {_json_type(value)}")
     return value

@@ -19,6 +19,7 @@ from conductor.gateway.config import KV_TRANSFER_PARAMS_PREFILL
 from conductor.gateway.errors import UpstreamError, UpstreamTimeout, error_body
 from conductor.gateway.flight import Flight, Outcome
 from conductor.gateway.upstream import Upstream, UpstreamResponse
+from conductor.gateway.wire import json_codec
 from conductor.web.messages import Response, StreamResponse
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,8 @@ def failure_reason(exc: BaseException) -> str:
 
 
 def encode_body(body: Mapping[str, object]) -> bytes:
-    """JSON for an engine, as httpx's ``json=`` writes it (compact, UTF-8, no NaN)."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    """Compact UTF-8 JSON for an engine (the body came from strict JSON: no NaN)."""
+    return bytes(json_codec.encode(body))
 
 
 async def open_upstream(
@@ -88,10 +89,11 @@ async def open_upstream(
 
 
 async def close_quietly(resp: UpstreamResponse) -> None:
-    """Close ``resp``; the closing goes on even if the caller is being cancelled (bounded by
-    a grace time)."""
+    """Close ``resp`` (bounded by a grace time). Called from cleanup code after a
+    cancellation was delivered: asyncio does not cancel the awaits that follow."""
     try:
-        await asyncio.wait_for(asyncio.shield(resp.aclose()), CLOSE_GRACE_S)
+        async with asyncio.timeout(CLOSE_GRACE_S):
+            await resp.aclose()
     except (httpx.HTTPError, OSError, TimeoutError) as exc:
         log.debug("closing upstream response: %r", exc)
 
@@ -154,16 +156,10 @@ async def relay(
 ) -> AsyncGenerator[bytes, None]:
     """Pass the engine's SSE bytes through; the first bytes mark the first token. A broken
     or stalled stream ends with an SSE error event and ``[DONE]``."""
-    chunks = resp.aiter_raw()
     at_boundary = True
     error: bytes | None = None
     try:
-        while True:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    chunk = await anext(chunks)
-            except StopAsyncIteration:
-                break
+        async for chunk in resp.chunks(deadline):
             if chunk:
                 flight.first_token()
                 at_boundary = chunk.endswith(b"\n\n")

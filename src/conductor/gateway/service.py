@@ -304,14 +304,22 @@ class Gateway:
         assert handle.queue is not None and handle.subscriber is not None
         queue, sub = handle.queue, handle.subscriber
         while True:
-            event: KvEvent | None = None
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    event = await queue.get()
-            if sub.needs_resync:
-                self._resync(handle)
-            if event is not None:
+            event = await queue.get()
+            while True:  # this one, then whatever else is queued, without waiting again
+                if sub.needs_resync:
+                    self._resync(handle)
                 self._apply_kv(handle, event)
+                try:
+                    event = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+
+    def _resync_if_needed(self) -> None:
+        """Resyncs engines marked while no event came to trigger it in :meth:`_pump`."""
+        for handle in list(self.engines.values()):
+            sub = handle.subscriber
+            if sub is not None and sub.needs_resync:
+                self._resync(handle)
 
     def _resync(self, handle: EngineHandle) -> None:
         """Events were lost (queue overflow, sequence gap without replay, undecodable batch):
@@ -351,6 +359,7 @@ class Gateway:
         interval = self.config.monitor.health_interval_s
         while True:
             try:
+                self._resync_if_needed()
                 handles = list(self.engines.values())
                 await asyncio.gather(*(self._check_one(h) for h in handles))
             except Exception:

@@ -49,6 +49,11 @@ class UpstreamResponse(Protocol):
 
     def aiter_raw(self) -> AsyncIterator[bytes]: ...
 
+    def chunks(self, deadline: float) -> AsyncIterator[bytes]:
+        """The body as it arrives; ``TimeoutError`` once the loop's clock passes
+        ``deadline``."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -60,6 +65,34 @@ class Upstream(Protocol):
     ) -> UpstreamResponse: ...
 
     async def aclose(self) -> None: ...
+
+
+class HttpxResponse:
+    """An ``httpx.Response`` as an :class:`UpstreamResponse`."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.status_code = response.status_code
+        self.headers: Mapping[str, str] = response.headers
+
+    async def aread(self) -> bytes:
+        return await self.response.aread()
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        return self.response.aiter_raw()
+
+    async def chunks(self, deadline: float) -> AsyncIterator[bytes]:
+        raw = self.response.aiter_raw()
+        while True:
+            async with asyncio.timeout_at(deadline):
+                try:
+                    chunk = await anext(raw)
+                except StopAsyncIteration:
+                    return
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
 
 
 class HttpxUpstream:
@@ -75,7 +108,7 @@ class HttpxUpstream:
         if headers:
             all_headers.update(headers)
         request = self.client.build_request("POST", url, content=body, headers=all_headers)
-        return await self.client.send(request, stream=True)
+        return HttpxResponse(await self.client.send(request, stream=True))
 
     async def aclose(self) -> None:
         return None  # the client belongs to the caller
@@ -220,6 +253,11 @@ def _expire(waiter: asyncio.Future[Any], message: str) -> None:
         waiter.set_exception(httpx.ReadTimeout(message))
 
 
+def _deadline(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 class RawResponse:
     """One answer on a pooled connection; the connection goes back to the pool once the body
     was read to its end (and the engine allows keep-alive), else it is closed."""
@@ -310,8 +348,9 @@ class RawResponse:
             conn.close()
 
     # -- the reader's side ----------------------------------------------------------------
-    async def _next(self) -> bytes | None:
-        """Everything that arrived since the last call, or None at the body's end."""
+    async def _next(self, deadline: float | None = None) -> bytes | None:
+        """Everything that arrived since the last call, or None at the body's end; waits at
+        most the read timeout, and (``TimeoutError``) not past ``deadline``."""
         while True:
             if self._parts:
                 parts, self._parts = self._parts, []
@@ -324,14 +363,19 @@ class RawResponse:
                 raise self._failure
             if self._done:
                 return None
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
             self._waiter = waiter
-            timer = waiter.get_loop().call_later(
-                self._read_timeout_s, _expire, waiter, "the engine stopped sending"
-            )
+            wait_s = self._read_timeout_s
+            past_deadline = deadline is not None and deadline - loop.time() < wait_s
+            if past_deadline:
+                assert deadline is not None
+                timer = loop.call_at(deadline, _deadline, waiter)
+            else:
+                timer = loop.call_later(wait_s, _expire, waiter, "the engine stopped sending")
             try:
                 await waiter
-            except httpx.ReadTimeout:
+            except (httpx.ReadTimeout, TimeoutError):
                 self._drop()
                 raise
             finally:
@@ -341,6 +385,13 @@ class RawResponse:
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         while True:
             chunk = await self._next()
+            if chunk is None:
+                return
+            yield chunk
+
+    async def chunks(self, deadline: float) -> AsyncIterator[bytes]:
+        while True:
+            chunk = await self._next(deadline)
             if chunk is None:
                 return
             yield chunk

@@ -418,18 +418,19 @@ def _uncancel() -> None:
 
 
 async def _close_stream(response: StreamResponse) -> None:
-    """Closes the body iterator and runs ``on_close``, even under cancellation."""
+    """Closes the body iterator and runs ``on_close``. Runs after the reason to stop (a
+    cancellation included) was delivered; asyncio does not cancel the awaits that follow."""
     aclose = getattr(response.body, "aclose", None)
     try:
         if aclose is not None:
-            await asyncio.shield(aclose())
+            await aclose()
     except asyncio.CancelledError:
         pass  # cancelled again while closing: on_close still runs
     except Exception as exc:
         log.warning("closing a stream body failed: %r", exc)
     if response.on_close is not None:
         try:
-            await asyncio.shield(response.on_close())
+            await response.on_close()
         except asyncio.CancelledError:
             pass
         except Exception:

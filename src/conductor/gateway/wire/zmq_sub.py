@@ -39,6 +39,8 @@ from conductor.gateway.wire.vllm_events import (
 )
 
 log = logging.getLogger(__name__)
+DRAIN_BATCHES = 256
+"""Messages taken without waiting after each awaited one (then the loop gets a turn)."""
 
 
 @dataclass(slots=True)
@@ -107,10 +109,17 @@ class VllmKvSubscriber:
         sock.setsockopt(zmq.SUBSCRIBE, self.topic)
         sock.connect(self.endpoint)
         self._connected.set()
+        raw: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)  # sync: drains at no wait
         try:
             while True:
                 frames = await sock.recv_multipart()
                 await self.handle_frames(frames)
+                for _ in range(DRAIN_BATCHES):  # what else arrived meanwhile, at no wait
+                    try:
+                        frames = raw.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    await self.handle_frames(frames)
         finally:
             self._connected.clear()
             sock.close(linger=0)
