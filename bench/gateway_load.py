@@ -28,13 +28,14 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -344,6 +345,90 @@ def run_load(spec: LoadSpec, procs: int) -> Samples:
     return merged
 
 
+WRK_SCRIPT = REPO_ROOT / "bench" / "wrk_completions.lua"
+
+
+def run_wrk(spec: LoadSpec, threads: int) -> dict[str, Any]:
+    """``spec`` driven by wrk (a standard C load generator; far cheaper per request than any
+    Python client): ``--duration-s`` seconds (whole seconds), the bench's prompts
+    (bench/wrk_completions.lua). wrk measures whole answers, so only E2E latencies."""
+    check_loopback(spec.url)
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise SystemExit("--client wrk needs wrk on the PATH (Debian/Ubuntu: apt-get install wrk)")
+    threads = max(1, min(threads, spec.concurrency))
+
+    def command(offset: int, duration_s: int) -> list[str]:
+        return [
+            wrk,
+            f"-t{threads}",
+            f"-c{spec.concurrency}",
+            f"-d{duration_s}s",
+            "--timeout",
+            f"{max(1, round(spec.timeout_s))}s",
+            "-s",
+            str(WRK_SCRIPT),
+            spec.url,
+            "--",
+            str(offset),
+            str(spec.prefix_groups),
+            str(spec.prompt_tokens),
+            str(spec.shared_prefix_tokens),
+            str(spec.max_tokens),
+            MODEL,
+        ]
+
+    duration_s = max(1, round(spec.duration_s))
+    done = subprocess.run(
+        command(spec.offset, duration_s),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=duration_s + spec.timeout_s + 30,
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith('{"wrk"')), None)
+    if line is None:
+        raise SystemExit(f"wrk printed no result:\n{done.stdout}\n{done.stderr}")
+    out = json.loads(line)["wrk"]
+    errors = sum(out["errors"].values())
+    wall_s = out["duration_us"] / 1e6
+    ok = out["requests"] - out["errors"]["status"]
+    lat = out["latency_us"]
+    return {
+        "ok": ok,
+        "errors": errors,
+        "error_examples": [f"wrk errors: {out['errors']}"] if errors else [],
+        "wall_s": round(wall_s, 3),
+        "requests_per_s": round(ok / wall_s, 1) if wall_s > 0 else None,
+        "tokens_per_s": round(ok * spec.max_tokens / wall_s, 1) if wall_s > 0 else None,
+        "ttft_p50_ms": None,
+        "ttft_p99_ms": None,
+        "e2e_p50_ms": round(lat["p50"] / 1e3, 3),
+        "e2e_p99_ms": round(lat["p99"] / 1e3, 3),
+        "e2e_p90_ms": round(lat["p90"] / 1e3, 3),
+        "client": "wrk",
+    }
+
+
+def warm_up(spec: LoadSpec, args: argparse.Namespace) -> None:
+    """Unmeasured requests first (their own prompts): connections, caches, code paths."""
+    if spec.warmup <= 0:
+        return
+    warm = replace(spec, offset=spec.offset + RUN_OFFSET // 2)
+    if spec.client == "wrk":
+        run_wrk(replace(warm, duration_s=1.0), args.procs)
+    else:
+        run_load(replace(warm, requests=spec.warmup, warmup=0), args.procs)
+
+
+def measure(spec: LoadSpec, args: argparse.Namespace) -> dict[str, Any]:
+    """One run of ``spec`` (its warm-up not included) with the chosen client, summarised."""
+    spec = replace(spec, warmup=0)
+    if spec.client == "wrk":
+        return run_wrk(spec, args.procs)
+    return summarize(run_load(spec, args.procs))
+
+
 def percentile_ms(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
@@ -628,7 +713,7 @@ def print_row(label: str, s: dict[str, Any]) -> None:
     if engines_.get("prefix_cache_hit_rate") is not None:
         extra.append(f"prefix-cache hit rate {engines_['prefix_cache_hit_rate']}")
     if extra:
-        print(f"{'':>10s}{', '.join(extra)} (warm-up included)")
+        print(f"{'':>10s}{', '.join(extra)}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -646,10 +731,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=30.0, help="per-request timeout")
     p.add_argument(
         "--client",
-        choices=("raw", "httpx"),
+        choices=("raw", "httpx", "wrk"),
         default="raw",
-        help="raw: a minimal keep-alive HTTP/1.1 client (default; cheap enough not to be the\n"
-        "bottleneck); httpx: httpx.AsyncClient (costs a few ms of CPU per streamed request)",
+        help="raw: a minimal keep-alive HTTP/1.1 client (default; measures TTFT too);\n"
+        "wrk: the wrk load generator (C; the least CPU per request, E2E latency only,\n"
+        "runs --duration-s seconds, --procs threads); httpx: httpx.AsyncClient (costs a few\n"
+        "ms of CPU per streamed request)",
     )
     p.add_argument(
         "--speedup", type=float, default=None, help="pace engines at cost model / X (not instant)"
@@ -739,7 +826,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     result: dict[str, Any] = {"config": load_cfg, "machine": machine()}
     if args.target is not None:
-        result["target"] = summarize(run_load(spec_for(args.target, args), args.procs))
+        spec = spec_for(args.target, args)
+        warm_up(spec, args)
+        result["target"] = measure(spec, args)
         print_row("target", result["target"])
         return _finish(result, args)
 
@@ -759,11 +848,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     with engines(args.engines, args.log_dir, emulator_args) as eng:
         result["engines"] = eng
         pids = [e["pid"] for e in eng]
+        spec = spec_for(eng[0]["url"], args)
+        warm_up(spec, args)
         before, cpu0 = engine_counters(eng), cpu_s(pids)
-        direct = summarize(run_load(spec_for(eng[0]["url"], args), args.procs))
+        direct = measure(spec, args)
         direct["engines"] = cache_delta(before, engine_counters(eng))
         direct["engines"]["cpu_ms_per_request"] = cpu_ms_per_request(
-            cpu0, cpu_s(pids), direct["ok"] + args.warmup
+            cpu0, cpu_s(pids), direct["ok"]
         )
         result["direct"] = direct
         print_row("direct", direct)
@@ -786,10 +877,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         gw = start("gateway", cmd, url, args.log_dir)
         try:
             wait_ready(gw, 120, paths=("/health", "/v1/models"))
+            spec = spec_for(url, args, run=1)
+            warm_up(spec, args)
             before, cpu0, gw_cpu0 = engine_counters(eng), cpu_s(pids), cpu_s([gw.popen.pid])
-            through = summarize(run_load(spec_for(url, args, run=1), args.procs))
+            through = measure(spec, args)
             through["engines"] = cache_delta(before, engine_counters(eng))
-            served = through["ok"] + args.warmup
+            served = through["ok"]
             through["engines"]["cpu_ms_per_request"] = cpu_ms_per_request(cpu0, cpu_s(pids), served)
             through["gateway_cpu_ms_per_request"] = cpu_ms_per_request(
                 gw_cpu0, cpu_s([gw.popen.pid]), served

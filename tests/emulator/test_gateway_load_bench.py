@@ -3,17 +3,21 @@ gateway detection and command line); the benchmark's figures are not asserted.""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import importlib.util
 import json
+import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
+import httpx
 import pytest
 
 from conductor.emulator.config import EmulatorConfig
-from tests.emulator.helpers import running_emulator
+from tests.emulator.helpers import metric, running_emulator
 from tests.engines.fixtures import REPO_ROOT
 
 
@@ -65,6 +69,27 @@ def test_load_generator_counts_http_errors(client: str) -> None:
         samples = asyncio.run(bench.run_load_async(spec(emu.base_url, client, n=5)))
     assert samples.errors == 5 and not samples.e2e_s
     assert "404" in samples.error_examples[0]
+
+
+@pytest.mark.skipif(
+    shutil.which("wrk") is None, reason="wrk is not installed (.ci/run installs it)"
+)
+def test_wrk_client_against_an_emulator() -> None:
+    args = argparse.Namespace(procs=1)
+    good = EmulatorConfig(instant=True, model_name="bench")
+    with running_emulator(good, kv_events=False) as emu:
+        run = replace(spec(emu.base_url, "wrk"), duration_s=1.0)
+        out = bench.measure(run, args)
+        with httpx.Client(base_url=emu.base_url) as client:
+            queries = metric(client, "vllm:prefix_cache_queries_total")
+    assert out["client"] == "wrk" and out["errors"] == 0 and out["ok"] > 0
+    # every prompt has 80 tokens; wrk does not count the (<= 4) answers cut by its end
+    assert queries % 80 == 0 and out["ok"] <= queries // 80 <= out["ok"] + 4
+    assert 0 < out["e2e_p50_ms"] <= out["e2e_p99_ms"]
+    assert out["ttft_p50_ms"] is None  # wrk sees whole answers only
+    with running_emulator(EmulatorConfig(instant=True, model_name="x"), kv_events=False) as emu:
+        bad = bench.measure(replace(spec(emu.base_url, "wrk"), duration_s=1.0), args)
+    assert bad["ok"] == 0 and bad["errors"] > 0
 
 
 def test_prompts_share_group_prefixes() -> None:
@@ -136,5 +161,5 @@ def test_direct_run_end_to_end(tmp_path: Path) -> None:
     assert code == 0
     result = json.loads(out.read_text())
     assert result["direct"]["ok"] == 20 and result["direct"]["errors"] == 0
-    assert result["direct"]["engines"]["prefix_cache_queries"] == 22 * 256
+    assert result["direct"]["engines"]["prefix_cache_queries"] == 20 * 256  # no warm-up
     assert result["gateway"] == {"skipped": "--no-gateway"}
