@@ -128,8 +128,11 @@ async def test_silent_engine_times_out_and_frees_the_slot() -> None:
         for _ in range(2):  # the second would be a PoolTimeout if the first kept its slot
             with pytest.raises(httpx.ReadTimeout, match="did not answer"):
                 await client.post(f"http://127.0.0.1:{port}/", b"{}", None)
+        deadline = asyncio.get_running_loop().time() + 0.05  # before the read timeout
+        with pytest.raises(TimeoutError):
+            await client.post(f"http://127.0.0.1:{port}/", b"{}", None, deadline)
         async with asyncio.timeout(5):
-            while len(finished) < 2:  # both connections were closed by the client
+            while len(finished) < 3:  # every connection was closed by the client
                 await asyncio.sleep(0.01)
 
 

@@ -24,8 +24,6 @@ from conductor.web.messages import Response, StreamResponse
 
 log = logging.getLogger(__name__)
 
-CLOSE_GRACE_S = 5.0
-"""How long closing an upstream response may take once the request is over."""
 _RETRYABLE = (
     httpx.ConnectError,
     httpx.ConnectTimeout,
@@ -82,19 +80,17 @@ async def open_upstream(
     Raises :class:`NotStarted` or, when the request's deadline passes, ``TimeoutError``."""
     content = encode_body(body)
     try:
-        async with asyncio.timeout_at(deadline):
-            return await client.post(url, content, headers)
+        return await client.post(url, content, headers, deadline)
     except _RETRYABLE as exc:
         raise NotStarted(engine_id, failure_reason(exc)) from exc
 
 
 async def close_quietly(resp: UpstreamResponse) -> None:
-    """Close ``resp`` (bounded by a grace time). Called from cleanup code after a
-    cancellation was delivered: asyncio does not cancel the awaits that follow."""
+    """Close ``resp``. Called from cleanup code after a cancellation was delivered: asyncio
+    does not cancel the awaits that follow."""
     try:
-        async with asyncio.timeout(CLOSE_GRACE_S):
-            await resp.aclose()
-    except (httpx.HTTPError, OSError, TimeoutError) as exc:
+        await resp.aclose()
+    except (httpx.HTTPError, OSError) as exc:
         log.debug("closing upstream response: %r", exc)
 
 

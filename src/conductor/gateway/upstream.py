@@ -61,8 +61,14 @@ class Upstream(Protocol):
     """Sends one ``POST`` with a JSON body; returns once the response headers arrived."""
 
     async def post(
-        self, url: str, body: bytes, headers: Mapping[str, str] | None
-    ) -> UpstreamResponse: ...
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str] | None,
+        deadline: float | None = None,
+    ) -> UpstreamResponse:
+        """Raises ``TimeoutError`` once the loop's clock passes ``deadline``."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -102,13 +108,18 @@ class HttpxUpstream:
         self.client = client
 
     async def post(
-        self, url: str, body: bytes, headers: Mapping[str, str] | None
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str] | None,
+        deadline: float | None = None,
     ) -> UpstreamResponse:
         all_headers = {"content-type": "application/json"}
         if headers:
             all_headers.update(headers)
         request = self.client.build_request("POST", url, content=body, headers=all_headers)
-        return HttpxResponse(await self.client.send(request, stream=True))
+        async with asyncio.timeout_at(deadline):
+            return HttpxResponse(await self.client.send(request, stream=True))
 
     async def aclose(self) -> None:
         return None  # the client belongs to the caller
@@ -228,8 +239,11 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def exchange(self, pool: _Pool, request: bytes, read_timeout_s: float) -> RawResponse:
-        """Sends ``request`` and returns once the answer's head arrived."""
+    async def exchange(
+        self, pool: _Pool, request: bytes, read_timeout_s: float, deadline: float | None
+    ) -> RawResponse:
+        """Sends ``request`` and returns once the answer's head arrived (``ReadTimeout``
+        after the read timeout, ``TimeoutError`` past ``deadline``)."""
         assert self.transport is not None and self.response is None
         self._pool = pool
         self._answered = False
@@ -237,7 +251,7 @@ class _Conn(asyncio.Protocol):
         head: asyncio.Future[RawResponse] = self.loop.create_future()
         self.head = head
         self.transport.write(request)
-        timer = self.loop.call_later(read_timeout_s, _expire, head, "the engine did not answer")
+        timer = _timer(self.loop, head, read_timeout_s, deadline, "the engine did not answer")
         try:
             return await head
         except BaseException:  # a timeout, a failure or the caller's cancellation
@@ -256,6 +270,20 @@ def _expire(waiter: asyncio.Future[Any], message: str) -> None:
 def _deadline(waiter: asyncio.Future[Any]) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError())
+
+
+def _timer(
+    loop: asyncio.AbstractEventLoop,
+    waiter: asyncio.Future[Any],
+    read_timeout_s: float,
+    deadline: float | None,
+    message: str,
+) -> asyncio.TimerHandle:
+    """Fails ``waiter`` with ``ReadTimeout(message)`` after ``read_timeout_s``, or with
+    ``TimeoutError`` at ``deadline`` if that comes first."""
+    if deadline is not None and deadline - loop.time() < read_timeout_s:
+        return loop.call_at(deadline, _deadline, waiter)
+    return loop.call_later(read_timeout_s, _expire, waiter, message)
 
 
 class RawResponse:
@@ -366,13 +394,9 @@ class RawResponse:
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future[None] = loop.create_future()
             self._waiter = waiter
-            wait_s = self._read_timeout_s
-            past_deadline = deadline is not None and deadline - loop.time() < wait_s
-            if past_deadline:
-                assert deadline is not None
-                timer = loop.call_at(deadline, _deadline, waiter)
-            else:
-                timer = loop.call_later(wait_s, _expire, waiter, "the engine stopped sending")
+            timer = _timer(
+                loop, waiter, self._read_timeout_s, deadline, "the engine stopped sending"
+            )
             try:
                 await waiter
             except (httpx.ReadTimeout, TimeoutError):
@@ -445,7 +469,11 @@ class RawHttpClient:
         return conn
 
     async def post(
-        self, url: str, body: bytes, headers: Mapping[str, str] | None
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str] | None,
+        deadline: float | None = None,
     ) -> UpstreamResponse:
         pool, path = self._target(url)
         head = [
@@ -463,11 +491,12 @@ class RawHttpClient:
         head.append(b"\r\n")
         request = b"".join(head) + body
         if pool.slots.locked():
-            try:
-                async with asyncio.timeout(self.timeouts.pool_s):
-                    await pool.slots.acquire()
-            except TimeoutError:
-                raise httpx.PoolTimeout("no free connection to the engine") from None
+            async with asyncio.timeout_at(deadline):
+                try:
+                    async with asyncio.timeout(self.timeouts.pool_s):
+                        await pool.slots.acquire()
+                except TimeoutError:
+                    raise httpx.PoolTimeout("no free connection to the engine") from None
         else:
             await pool.slots.acquire()
         read_s = self.timeouts.read_s
@@ -478,12 +507,13 @@ class RawHttpClient:
                     conn.close()
                     continue
                 try:
-                    return await conn.exchange(pool, request, read_s)
+                    return await conn.exchange(pool, request, read_s, deadline)
                 except _Stale:
                     continue  # closed by the engine while idle: try another
-            conn = await self._connect(pool)
+            async with asyncio.timeout_at(deadline):
+                conn = await self._connect(pool)
             try:
-                return await conn.exchange(pool, request, read_s)
+                return await conn.exchange(pool, request, read_s, deadline)
             except _Stale:
                 raise httpx.RemoteProtocolError(
                     "the engine closed the connection without answering"
