@@ -115,11 +115,9 @@ class VllmKvSubscriber:
                 frames = await sock.recv_multipart()
                 await self.handle_frames(frames)
                 for _ in range(DRAIN_BATCHES):  # what else arrived meanwhile, at no wait
-                    try:
-                        frames = raw.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
+                    if not int(raw.get(zmq.EVENTS)) & zmq.POLLIN:
                         break
-                    await self.handle_frames(frames)
+                    await self.handle_frames(raw.recv_multipart(zmq.NOBLOCK))
         finally:
             self._connected.clear()
             sock.close(linger=0)
