@@ -75,6 +75,21 @@ async def test_client_gone_before_the_first_byte_is_still_bookkept() -> None:
             await eventually(lambda: fake.disconnects == 1)
 
 
+async def test_client_gone_from_a_non_streamed_request_aborts_the_engine_call() -> None:
+    fake = FakeEngine("a", hang=True)
+    async with serve(fake.app()) as url:
+        gw = make_gateway([engine("a", url)])
+        async with client_for(gw) as client:
+            body = {"model": "tiny", "prompt": "abc", "max_tokens": 2}
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post("/v1/completions", json=body, timeout=0.3)
+            await eventually(lambda: gw.conductor.inflight() == 0)
+            await eventually(lambda: fake.disconnects == 1)  # the engine saw the call end
+            metrics = (await client.get("/metrics")).text
+    assert 'conductor_requests_finished_total{outcome="client_disconnect"} 1.0' in metrics
+    assert 'conductor_http_responses_total{endpoint="completions",status="499"} 1.0' in metrics
+
+
 async def test_non_streamed_aggregated_request_releases_its_prefill_at_the_predicted_time() -> None:
     fake = FakeEngine("a", hang=False, chunk_delay_s=0.0)
     async with serve(fake.app()) as url:
