@@ -126,17 +126,19 @@ async def test_chunked_stream_and_head() -> None:
     async with running(app.router) as server:
         data = await exchange(
             server.port,
-            b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\nHEAD /hello HTTP/1.1\r\nHost: x\r\n"
-            b"Connection: close\r\n\r\n",
+            b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\nHEAD /stream HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"HEAD /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         )
     assert data == (
         b"HTTP/1.1 200 OK\r\nserver: conductor\r\ncontent-type: text/plain\r\n"
         b"transfer-encoding: chunked\r\n\r\n"
         b"8\r\npiece 0\n\r\n8\r\npiece 1\n\r\n8\r\npiece 2\n\r\n0\r\n\r\n"
         b"HTTP/1.1 200 OK\r\nserver: conductor\r\ncontent-type: text/plain\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nserver: conductor\r\ncontent-type: text/plain\r\n"
         b"content-length: 2\r\nconnection: close\r\n\r\n"
     )
-    assert app.closed_streams == 1
+    assert app.closed_streams == 2
 
 
 async def test_http10_closes_after_the_answer() -> None:

@@ -348,8 +348,7 @@ class HttpProtocol(asyncio.Protocol):
                 log.exception("bad stream response headers")
                 self._close()
                 return False
-            if head_only:
-                self._write(b"0\r\n\r\n")
+            if head_only:  # the head says chunked; a HEAD answer carries no body at all
                 return keep
             async for chunk in response.body:
                 if not chunk:
