@@ -210,9 +210,7 @@ def _stored(body: Mapping[str, object], where: str) -> EngineBlockStored:
     parent_raw = body.get("parent_block_hash")
     parent = None if parent_raw is None else decode_hash(parent_raw, f"{where}.parent_block_hash")
     token_ids = body.get("token_ids")
-    if not isinstance(token_ids, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in token_ids
-    ):
+    if not isinstance(token_ids, list) or not set(map(type, token_ids)) <= _INT_ONLY:
         raise WireError(f"{where}.token_ids must be an array of ints, got {_describe(token_ids)}")
     block_size = body.get("block_size")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
@@ -252,7 +250,16 @@ def _fields(
 def _hashes(value: object, where: str) -> tuple[EngineBlockHash, ...]:
     if not isinstance(value, list):
         raise WireError(f"{where} must be an array, got {_describe(value)}")
+    kinds = set(map(type, value))
+    if kinds <= _INT_ONLY:  # the common cases first, without a per-hash call
+        return tuple([EngineBlockHash(v & _U64_MASK) for v in value])
+    if kinds <= _BYTES_ONLY and all(value):
+        return tuple([EngineBlockHash(int.from_bytes(v, "big") & _U64_MASK) for v in value])
     return tuple(decode_hash(v, f"{where}[{i}]") for i, v in enumerate(value))
+
+
+_INT_ONLY = frozenset({int})
+_BYTES_ONLY = frozenset({bytes})
 
 
 def _opt_str(value: object, where: str) -> str | None:
