@@ -1,4 +1,4 @@
-"""The emulator over real HTTP (uvicorn on 127.0.0.1): vLLM's OpenAI API shapes, usage,
+"""The emulator over real HTTP (conductor.web on 127.0.0.1): vLLM's OpenAI API shapes, usage,
 metrics, the P/D ``kv_transfer_params`` flow and JSON errors."""
 
 from __future__ import annotations
@@ -103,6 +103,47 @@ def test_completion_streaming_with_usage(client: httpx.Client) -> None:
     assert usage_chunk["choices"] == []
     assert usage_chunk["usage"]["completion_tokens"] == 5
     assert usage_chunk["usage"]["prompt_tokens"] == 135
+
+
+def test_streamed_bytes(client: httpx.Client) -> None:
+    """The exact SSE body: compact JSON, vLLM's field order, the usage event, ``[DONE]``."""
+    prompt = "a prompt no other test sends, so nothing of it is cached"  # 56 tokens
+    body = {
+        "prompt": prompt,
+        "max_tokens": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    raw = client.post("/v1/completions", json=body).content
+    first = json.loads(raw.split(b"\n\n", 1)[0][len(b"data: ") :])
+    head = {"id": first["id"], "object": "text_completion", "created": first["created"]}
+    head["model"] = "tiny"
+    texts = output_tokens(ByteTokenizer(), 5, list(prompt.encode()), 3)[1]
+    events = [
+        {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": None if k < 2 else "length",
+                    "stop_reason": None,
+                }
+            ],
+        }
+        for k, text in enumerate(texts)
+    ]
+    usage = {
+        "prompt_tokens": 56,
+        "total_tokens": 59,
+        "completion_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    events.append({**head, "choices": [], "usage": usage})
+    compact = [json.dumps(e, separators=(",", ":"), ensure_ascii=False) for e in events]
+    want = "".join(f"data: {e}\n\n" for e in compact) + "data: [DONE]\n\n"
+    assert raw == want.encode()
 
 
 def test_streaming_without_usage_and_with_continuous_usage(client: httpx.Client) -> None:
