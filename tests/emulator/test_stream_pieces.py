@@ -4,6 +4,7 @@ chunk's JSON, and a request's token queue hands its items over in order."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
 
 import pytest
 
@@ -66,3 +67,27 @@ def test_a_cancelled_reader_leaves_the_queue_usable() -> None:
         return await queue.get()
 
     assert asyncio.run(main()) is None
+
+
+def test_closing_the_body_aborts_the_request_however_far_it_got() -> None:
+    from conductor.emulator.api import _SseBody
+
+    async def events() -> AsyncGenerator[bytes, None]:
+        try:
+            yield b"one"
+            yield b"two"
+        finally:
+            log.append("generator closed")
+
+    async def main(take: int) -> list[str]:
+        body = _SseBody(events(), lambda: log.append("aborted"))
+        for _ in range(take):
+            await anext(body)
+        log.append(f"{take} read")
+        await body.aclose()
+        return log
+
+    log: list[str] = []
+    assert asyncio.run(main(0)) == ["0 read", "aborted"]  # never started: nothing to close
+    log = []
+    assert asyncio.run(main(1)) == ["1 read", "generator closed", "aborted"]
