@@ -4,12 +4,14 @@ metrics, the P/D ``kv_transfer_params`` flow and JSON errors."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from conductor.emulator.api import MAX_BODY_BYTES
 from conductor.emulator.config import EmulatorConfig
 from conductor.emulator.tokenizer import ByteTokenizer, output_tokens
 from tests.emulator.helpers import EmulatorThread, metric, running_emulator
@@ -318,6 +320,30 @@ def test_malformed_bodies_and_routes(client: httpx.Client) -> None:
     r = client.get("/v1/completions")
     assert r.status_code == 405 and r.json()["error"]["code"] == 405
     assert metric(client, "vllm:num_requests_running") == 0
+
+
+def test_oversized_body_gets_a_json_413(emu: EmulatorThread) -> None:
+    """Declared over the limit, with ``Expect: 100-continue``: refused before the body."""
+    port = emu.emulator.config.port
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nexpect: 100-continue\r\n\r\n" % (MAX_BODY_BYTES + 1)
+        )
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 ")
+    assert b"content-type: application/json" in head.lower()
+    assert json.loads(body) == {
+        "error": {
+            "message": f"request body exceeds the limit of {MAX_BODY_BYTES} bytes",
+            "type": "RequestTooLargeError",
+            "param": None,
+            "code": 413,
+        }
+    }
 
 
 def test_reset_prefix_cache_when_idle(client: httpx.Client) -> None:
