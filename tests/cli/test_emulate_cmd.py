@@ -96,7 +96,7 @@ def test_emulate_serves_until_terminated() -> None:
         assert r.json()["usage"]["completion_tokens"] == 2
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        # uvicorn shuts down gracefully, then re-raises the signal it caught.
-        assert proc.wait(timeout=10) in (0, -signal.SIGTERM)
+        # the server shuts down gracefully and exits 0
+        assert proc.wait(timeout=10) == 0
         if proc.stderr is not None:
             proc.stderr.close()

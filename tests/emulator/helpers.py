@@ -1,30 +1,49 @@
-"""Run an emulator over real HTTP on 127.0.0.1 in a background thread (uvicorn)."""
+"""Run an emulator over real HTTP on 127.0.0.1 in a background thread (conductor.web)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
 import httpx
-import uvicorn
 
 from conductor.emulator.config import EmulatorConfig
-from conductor.emulator.server import uvicorn_config
+from conductor.emulator.server import serve_emulator
 from conductor.emulator.service import Emulator
 from conductor.emulator.tokenizer import Tokenizer
+from conductor.web.server import HttpServer, run
 from tests.engines.fixtures import free_ports
 
 
 class EmulatorThread:
-    """An emulator's uvicorn server on its own event loop in a daemon thread."""
+    """An emulator's HTTP server on its own event loop in a daemon thread."""
 
     def __init__(self, emulator: Emulator) -> None:
         self.emulator = emulator
-        self.server = uvicorn.Server(uvicorn_config(emulator, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            await serve_emulator(self.emulator, stop=self._stop, on_ready=self._on_ready)
+
+        try:
+            run(main)  # uvloop, as ``conductor emulate``
+        except BaseException as exc:  # reported by start()
+            self.error = exc
+        finally:
+            self._ready.set()
+
+    def _on_ready(self, server: HttpServer) -> None:
+        self._ready.set()
 
     @property
     def base_url(self) -> str:
@@ -40,14 +59,13 @@ class EmulatorThread:
 
     def start(self, timeout_s: float = 10.0) -> None:
         self.thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("emulator did not start")
-            time.sleep(0.01)
+        if not self._ready.wait(timeout_s) or not self.thread.is_alive():
+            raise RuntimeError(f"emulator did not start: {self.error!r}")
 
     def stop(self) -> None:
-        self.server.should_exit = True
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(stop.set)
         self.thread.join(timeout=10)
 
 

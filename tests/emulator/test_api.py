@@ -1,15 +1,17 @@
-"""The emulator over real HTTP (uvicorn on 127.0.0.1): vLLM's OpenAI API shapes, usage,
+"""The emulator over real HTTP (conductor.web on 127.0.0.1): vLLM's OpenAI API shapes, usage,
 metrics, the P/D ``kv_transfer_params`` flow and JSON errors."""
 
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from conductor.emulator.api import MAX_BODY_BYTES
 from conductor.emulator.config import EmulatorConfig
 from conductor.emulator.tokenizer import ByteTokenizer, output_tokens
 from tests.emulator.helpers import EmulatorThread, metric, running_emulator
@@ -103,6 +105,47 @@ def test_completion_streaming_with_usage(client: httpx.Client) -> None:
     assert usage_chunk["choices"] == []
     assert usage_chunk["usage"]["completion_tokens"] == 5
     assert usage_chunk["usage"]["prompt_tokens"] == 135
+
+
+def test_streamed_bytes(client: httpx.Client) -> None:
+    """The exact SSE body: compact JSON, vLLM's field order, the usage event, ``[DONE]``."""
+    prompt = "a prompt no other test sends, so nothing of it is cached"  # 56 tokens
+    body = {
+        "prompt": prompt,
+        "max_tokens": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    raw = client.post("/v1/completions", json=body).content
+    first = json.loads(raw.split(b"\n\n", 1)[0][len(b"data: ") :])
+    head = {"id": first["id"], "object": "text_completion", "created": first["created"]}
+    head["model"] = "tiny"
+    texts = output_tokens(ByteTokenizer(), 5, list(prompt.encode()), 3)[1]
+    events = [
+        {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": None if k < 2 else "length",
+                    "stop_reason": None,
+                }
+            ],
+        }
+        for k, text in enumerate(texts)
+    ]
+    usage = {
+        "prompt_tokens": 56,
+        "total_tokens": 59,
+        "completion_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    events.append({**head, "choices": [], "usage": usage})
+    compact = [json.dumps(e, separators=(",", ":"), ensure_ascii=False) for e in events]
+    want = "".join(f"data: {e}\n\n" for e in compact) + "data: [DONE]\n\n"
+    assert raw == want.encode()
 
 
 def test_streaming_without_usage_and_with_continuous_usage(client: httpx.Client) -> None:
@@ -277,6 +320,30 @@ def test_malformed_bodies_and_routes(client: httpx.Client) -> None:
     r = client.get("/v1/completions")
     assert r.status_code == 405 and r.json()["error"]["code"] == 405
     assert metric(client, "vllm:num_requests_running") == 0
+
+
+def test_oversized_body_gets_a_json_413(emu: EmulatorThread) -> None:
+    """Declared over the limit, with ``Expect: 100-continue``: refused before the body."""
+    port = emu.emulator.config.port
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nexpect: 100-continue\r\n\r\n" % (MAX_BODY_BYTES + 1)
+        )
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 ")
+    assert b"content-type: application/json" in head.lower()
+    assert json.loads(body) == {
+        "error": {
+            "message": f"request body exceeds the limit of {MAX_BODY_BYTES} bytes",
+            "type": "RequestTooLargeError",
+            "param": None,
+            "code": 413,
+        }
+    }
 
 
 def test_reset_prefix_cache_when_idle(client: httpx.Client) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,7 +41,7 @@ def test_output_tokens_are_stable_across_versions() -> None:
     assert "".join(texts) == " computes request the th"
 
 
-def _make_hf_tokenizer(path: Path) -> None:
+def _make_hf_tokenizer(path: Path, **options: Any) -> None:
     tokenizers = pytest.importorskip("tokenizers")
     transformers = pytest.importorskip("transformers")
     from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -55,7 +57,7 @@ def _make_hf_tokenizer(path: Path) -> None:
     )
     tok.train_from_iterator(["the cache holds blocks of keys and values"] * 20, trainer=trainer)
     fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>"
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", **options
     )
     fast.save_pretrained(str(path))
 
@@ -70,6 +72,61 @@ def test_hf_tokenizer_from_a_local_folder(tmp_path: Path) -> None:
     assert len(out_ids) == 6 and "".join(texts) == tok.decode(out_ids)
     chat = tok.render_chat([{"role": "user", "content": "hi"}])  # no template: ours
     assert tok.decode(chat) == "<|user|>\nhi\n<|assistant|>\n"
+
+
+class _ThroughTransformers:
+    """The emulator's tokenizer as it was before it called the Rust tokenizer directly:
+    everything through transformers (the reference the fast path must match)."""
+
+    name = "reference"
+
+    def __init__(self, path: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self._tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return [int(t) for t in self._tok.encode(text, add_special_tokens=add_special_tokens)]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self._tok.decode(list(token_ids)))
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        raise NotImplementedError
+
+
+TEXTS = (
+    "the cache holds blocks of keys and values",
+    " leading space, trailing space ",
+    "<s> special </s> tokens inside<s>",
+    "unicode: éß 中文 🙂 and tabs\tand\nnewlines",
+    "[group 1] shared system prompt. request 1234 asks something unique.",
+    "",
+)
+
+
+@pytest.mark.parametrize("options", [{}, {"clean_up_tokenization_spaces": True}])
+def test_hf_tokenizer_gives_what_transformers_gives(tmp_path: Path, options: Any) -> None:
+    _make_hf_tokenizer(tmp_path, **options)
+    tok = HfTokenizer(tmp_path)
+    # the fast path (the Rust tokenizer called directly) unless decoding cleans up spaces
+    assert tok.uses_rust_backend is not options
+    ref = _ThroughTransformers(tmp_path)
+    assert tok.vocab_size == ref.vocab_size
+    for text in TEXTS:
+        for special in (True, False):
+            ids = tok.encode(text, add_special_tokens=special)
+            assert ids == ref.encode(text, add_special_tokens=special), (text, special)
+            assert all(type(i) is int for i in ids)
+        ids = ref.encode(text)
+        for k in range(len(ids) + 1):
+            assert tok.decode(ids[:k]) == ref.decode(ids[:k])
+    for seed, prompt, n in ((0, [1, 2, 3], 1), (7, ref.encode(TEXTS[0]), 9), (3, [5] * 40, 33)):
+        assert output_tokens(tok, seed, prompt, n) == output_tokens(ref, seed, prompt, n)
 
 
 def test_hf_tokenizer_errors_name_the_path(tmp_path: Path) -> None:

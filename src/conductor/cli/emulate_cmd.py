@@ -174,9 +174,7 @@ def register(app: typer.Typer) -> None:
         engine_id: Annotated[
             str | None, typer.Option("--engine-id", help="engine id (default emulator-PORT)")
         ] = None,
-        log_level: Annotated[
-            str, typer.Option("--log-level", help="uvicorn log level")
-        ] = "warning",
+        log_level: Annotated[str, typer.Option("--log-level", help="log level")] = "warning",
     ) -> None:
         """Serve an emulated vLLM engine: OpenAI HTTP API, /metrics and KV events."""
         if log_level not in LOG_LEVELS:
@@ -214,4 +212,4 @@ def register(app: typer.Typer) -> None:
             + (f", replay on tcp://{cfg.host}:{cfg.replay_port}" if cfg.replay_port else ""),
             err=True,
         )
-        serve(cfg, tokenizer, log_level=log_level)
+        serve(cfg, tokenizer)

@@ -21,33 +21,33 @@ of the blocks it computed). A request with ``do_remote_prefill`` is a decode leg
 prompt blocks it does not have locally are counted as external prefix-cache hits and paid as
 a KV transfer. The emulated prefill engine does not hold the blocks for the decode engine.
 
-Errors are JSON ``{"error": {"message", "type", "param", "code"}}`` with a 4xx status.
+Errors are JSON ``{"error": {"message", "type", "param", "code"}}`` with a 4xx status
+(:func:`error_factory` words the server's own: 404, 405, 413, 400 for malformed HTTP, 500).
+
+Served by :mod:`conductor.web` (:mod:`conductor.emulator.server`); :meth:`Emulator.running
+<conductor.emulator.service.Emulator.running>` is the lifespan that runs the engine.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from conductor.core.errors import ConductorError, InvalidInput
 from conductor.emulator import metrics
-from conductor.emulator.engine import EngineRequest, TokenOutput
+from conductor.emulator.engine import EngineRequest
+from conductor.emulator.loop import TokenQueue
 from conductor.emulator.service import Emulator
+from conductor.web.messages import AnyResponse, Request, Response, StreamResponse, json_response
+from conductor.web.router import Router
 
 DEFAULT_MAX_TOKENS = 16
 MAX_BODY_BYTES = 32 * 1024 * 1024
+"""Larger request bodies get 413 (the server's ``max_body_bytes``)."""
 EMULATED_VLLM_VERSION = "0.32.0+conductor-emulator"
 _JSON = msgspec.json.Encoder()
 _DONE = b"data: [DONE]\n\n"
@@ -76,7 +76,13 @@ _ERROR_TYPES = {
 }
 
 
-def error_response(message: str, status: int, param: str | None = None, kind: str = "") -> Response:
+def error_response(
+    message: str,
+    status: int,
+    param: str | None = None,
+    kind: str = "",
+    headers: Mapping[str, str] | None = None,
+) -> Response:
     body = {
         "error": {
             "message": message,
@@ -85,7 +91,12 @@ def error_response(message: str, status: int, param: str | None = None, kind: st
             "code": status,
         }
     }
-    return Response(_JSON.encode(body), status_code=status, media_type="application/json")
+    return Response(_JSON.encode(body), status, headers, "application/json")
+
+
+def error_factory(status: int, message: str, headers: Mapping[str, str] | None) -> Response:
+    """The server's and the router's errors (404, 405, 413, ...) in the API's JSON shape."""
+    return error_response(message, status, headers=headers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,15 +123,10 @@ class Parsed:
 # -- parsing -------------------------------------------------------------------------------
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise ApiError(f"request body over {MAX_BODY_BYTES} bytes", status=413)
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(f"request body over {MAX_BODY_BYTES} bytes", status=413)
+def _json_body(request: Request) -> dict[str, Any]:
+    """The body as a JSON object (its size is bounded by the server)."""
     try:
-        body = msgspec.json.decode(raw)
+        body = msgspec.json.decode(request.body)
     except msgspec.DecodeError as exc:
         raise ApiError(f"the body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -288,6 +294,10 @@ def _kv_out(em: Emulator, req: EngineRequest, parsed: Parsed) -> dict[str, Any] 
     }
 
 
+_TEXT_MARK = "\x00conductor-emulator-token-text\x00"
+_TEXT_MARK_JSON = _JSON.encode(_TEXT_MARK)
+
+
 class _Shape:
     """Names and field layout of the completions vs chat responses."""
 
@@ -296,6 +306,7 @@ class _Shape:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
         self.model = model
         self.created = int(time.time())
+        self._token_template: tuple[bytes, bytes] | None = None
 
     @property
     def chunk_object(self) -> str:
@@ -331,6 +342,18 @@ class _Shape:
             ],
         }
 
+    def token_event(self, text: str) -> bytes:
+        """``_sse(self.chunk(text, None))``: the event of a token that does not finish the
+        completion, spliced into a template of the request's chunk (the JSON of ``text``
+        where the template has the JSON of a marker string; same bytes, less work)."""
+        template = self._token_template
+        if template is None:
+            parts = _sse(self.chunk(_TEXT_MARK, None)).split(_TEXT_MARK_JSON)
+            if len(parts) != 2:  # the marker in the model name? no template then
+                return _sse(self.chunk(text, None))
+            template = self._token_template = (parts[0], parts[1])
+        return template[0] + _JSON.encode(text) + template[1]
+
     def full(self, text: str, finish: str | None) -> dict[str, Any]:
         if self.chat:
             choice: dict[str, Any] = {
@@ -362,72 +385,73 @@ def _sse(obj: object) -> bytes:
     return b"data: " + _JSON.encode(obj) + b"\n\n"
 
 
-class SseResponse(Response):
-    """A ``text/event-stream`` response written straight to the ASGI ``send`` (Starlette's
-    StreamingResponse costs a task group per response). A watcher task waits for the
-    client's ``http.disconnect`` and then calls ``on_close``, which aborts the request if it
-    is still running (ending ``chunks``); ``on_close`` is called again however the response
-    ends, so a cancelled response never leaves its request running."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, chunks: AsyncGenerator[bytes, None], on_close: Callable[[], None]) -> None:
-        # No Response.__init__: it would add "content-length: 0".
-        self.status_code = 200
-        self.background = None
-        self.raw_headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-        ]
-        self.chunks = chunks
-        self.on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            self.on_close()
-
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        watcher = asyncio.get_running_loop().create_task(watch())
-        try:
-            async for chunk in self.chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        finally:
-            watcher.cancel()
-            await self.chunks.aclose()
-            self.on_close()
-
-
 async def _stream(
     req: EngineRequest,
-    queue: asyncio.Queue[TokenOutput | None],
+    queue: TokenQueue,
     parsed: Parsed,
     shape: _Shape,
 ) -> AsyncGenerator[bytes, None]:
-    """The SSE chunks of one request; stops quietly if the request is aborted."""
+    """The SSE events of one request, one piece per token (the last token's event, the
+    usage event and ``[DONE]`` in one); stops quietly if the request is aborted."""
     if shape.chat:
         yield _sse(shape.chunk(None, None, first=True))
+    continuous = parsed.continuous_usage
     while True:
         out = await queue.get()
         if out is None:
             return
-        done = out.finished
-        chunk = shape.chunk(req.out_texts[out.index], req.finish_reason if done else None)
-        if parsed.continuous_usage:
+        text = req.out_texts[out.index]
+        if not out.finished:
+            if continuous:
+                chunk = shape.chunk(text, None)
+                chunk["usage"] = _usage(req, out.index + 1)
+                yield _sse(chunk)
+            else:
+                yield shape.token_event(text)
+            continue
+        chunk = shape.chunk(text, req.finish_reason)
+        if continuous:
             chunk["usage"] = _usage(req, out.index + 1)
-        yield _sse(chunk)
-        if done:
-            break
-    if parsed.include_usage:
-        usage = {**shape.head(shape.chunk_object), "choices": [], "usage": _usage(req, req.emitted)}
-        yield _sse(usage)
-    yield _DONE
+        last = [_sse(chunk)]
+        if parsed.include_usage:
+            usage = _usage(req, req.emitted)
+            last.append(_sse({**shape.head(shape.chunk_object), "choices": [], "usage": usage}))
+        last.append(_DONE)
+        yield b"".join(last)
+        return
 
 
-async def _generate(em: Emulator, request: Request, *, chat: bool) -> Response:
-    body = await _json_body(request)
+class _SseBody:
+    """A streamed response's body: the events of :func:`_stream`. Closing it (the server
+    always does, however the response ended, the client going away included) aborts the
+    request if it still runs (a no-op once it finished). Doing that here rather than in an
+    ``on_close`` spares the server a second shielded task per response."""
+
+    __slots__ = ("_abort", "_events")
+
+    def __init__(self, events: AsyncGenerator[bytes, None], abort: Callable[[], None]) -> None:
+        self._events = events
+        self._abort = abort
+
+    def __aiter__(self) -> _SseBody:
+        return self
+
+    def __anext__(self) -> Awaitable[bytes]:
+        return self._events.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._events.aclose()
+        finally:
+            self._abort()
+
+
+_SSE_HEADERS = {"cache-control": "no-cache"}
+_SSE_TYPE = "text/event-stream; charset=utf-8"
+
+
+async def _generate(em: Emulator, request: Request, *, chat: bool) -> AnyResponse:
+    body = _json_body(request)
     parsed = parse(em, body, chat=chat)
     try:
         req = em.new_request(
@@ -441,7 +465,8 @@ async def _generate(em: Emulator, request: Request, *, chat: bool) -> Response:
         raise ApiError(exc.why, param=exc.field) from None
     shape = _Shape(chat, em.config.model_name, req.request_id)
     if parsed.stream:
-        return SseResponse(_stream(req, queue, parsed, shape), lambda: em.loop.abort(req))
+        events = _SseBody(_stream(req, queue, parsed, shape), lambda: em.loop.abort(req))
+        return StreamResponse(events, 200, _SSE_HEADERS, _SSE_TYPE)
     finished = False
     try:
         while not finished:
@@ -457,22 +482,36 @@ async def _generate(em: Emulator, request: Request, *, chat: bool) -> Response:
     if chat:
         result["prompt_logprobs"] = None
     result["kv_transfer_params"] = _kv_out(em, req, parsed)
-    return Response(_JSON.encode(result), media_type="application/json")
+    return Response(_JSON.encode(result), 200, None, "application/json")
 
 
 # -- the app -------------------------------------------------------------------------------
 
+_Endpoint = Callable[[Request], Awaitable[AnyResponse]]
 
-def build_app(em: Emulator) -> Starlette:
-    """The Starlette app serving ``em``; its lifespan runs the engine."""
 
-    async def completions(request: Request) -> Response:
+def _answering_api_errors(endpoint: _Endpoint) -> _Endpoint:
+    async def handler(request: Request) -> AnyResponse:
+        try:
+            return await endpoint(request)
+        except ApiError as exc:
+            return error_response(exc.message, exc.status, exc.param, exc.kind)
+
+    return handler
+
+
+def build_app(em: Emulator) -> Router:
+    """The routes serving ``em``. Serve with ``error=``:func:`error_factory`,
+    ``max_body_bytes=``:data:`MAX_BODY_BYTES` and ``em.running()`` as the lifespan (it runs
+    the engine): :mod:`conductor.emulator.server` does."""
+
+    async def completions(request: Request) -> AnyResponse:
         return await _generate(em, request, chat=False)
 
-    async def chat_completions(request: Request) -> Response:
+    async def chat_completions(request: Request) -> AnyResponse:
         return await _generate(em, request, chat=True)
 
-    async def models(request: Request) -> Response:
+    async def models(request: Request) -> AnyResponse:
         cfg = em.config
         card = {
             "id": cfg.model_name,
@@ -483,31 +522,31 @@ def build_app(em: Emulator) -> Starlette:
             "parent": None,
             "max_model_len": cfg.max_model_len,
         }
-        return JSONResponse({"object": "list", "data": [card]})
+        return json_response({"object": "list", "data": [card]})
 
-    async def health(request: Request) -> Response:
-        return Response(status_code=200)
+    async def health(request: Request) -> AnyResponse:
+        return Response()
 
-    async def version(request: Request) -> Response:
-        return JSONResponse({"version": EMULATED_VLLM_VERSION})
+    async def version(request: Request) -> AnyResponse:
+        return json_response({"version": EMULATED_VLLM_VERSION})
 
-    async def prometheus(request: Request) -> Response:
+    async def prometheus(request: Request) -> AnyResponse:
         text = metrics.render(
             em.core,
             model_name=em.config.model_name,
             publisher=em.publisher.stats if em.publisher is not None else None,
         )
-        return Response(text, media_type=metrics.CONTENT_TYPE)
+        return Response(text.encode(), 200, None, metrics.CONTENT_TYPE)
 
-    async def reset_prefix_cache(request: Request) -> Response:
+    async def reset_prefix_cache(request: Request) -> AnyResponse:
         if not em.loop.reset_prefix_cache():
             raise ApiError("requests are running; the prefix cache was not reset", status=409)
-        await em.loop.flush_events()
-        return Response(status_code=200)
+        em.loop.flush_events()
+        return Response()
 
-    async def info(request: Request) -> Response:
+    async def info(request: Request) -> AnyResponse:
         cfg = em.config
-        return JSONResponse(
+        return json_response(
             {
                 "engine_id": cfg.engine_id,
                 "model": cfg.model_name,
@@ -526,34 +565,16 @@ def build_app(em: Emulator) -> Starlette:
             }
         )
 
-    async def on_api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        return error_response(exc.message, exc.status, exc.param, exc.kind)
-
-    async def on_http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        return error_response(str(exc.detail), exc.status_code)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with em.running():
-            yield
-
-    handlers: dict[Any, Callable[[Request, Exception], Any]] = {
-        ApiError: on_api_error,
-        HTTPException: on_http_error,
-    }
-    return Starlette(
-        routes=[
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/health", health, methods=["GET"]),
-            Route("/version", version, methods=["GET"]),
-            Route("/metrics", prometheus, methods=["GET"]),
-            Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
-            Route("/emulator/info", info, methods=["GET"]),
-        ],
-        exception_handlers=handlers,
-        lifespan=lifespan,
-    )
+    router = Router(error=error_factory)
+    for method, path, endpoint in (
+        ("POST", "/v1/completions", completions),
+        ("POST", "/v1/chat/completions", chat_completions),
+        ("GET", "/v1/models", models),
+        ("GET", "/health", health),
+        ("GET", "/version", version),
+        ("GET", "/metrics", prometheus),
+        ("POST", "/reset_prefix_cache", reset_prefix_cache),
+        ("GET", "/emulator/info", info),
+    ):
+        router.add(method, path, _answering_api_errors(endpoint))
+    return router

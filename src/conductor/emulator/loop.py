@@ -12,10 +12,42 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 
 from conductor.emulator.engine import EngineCore, EngineRequest, TokenOutput
 from conductor.emulator.publisher import KvEventPublisher
+
+
+class TokenQueue:
+    """One request's emitted tokens for its one reader (a lighter ``asyncio.Queue``: the
+    engine puts a token per step for every running request). ``None`` ends an aborted one."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[TokenOutput | None] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: TokenOutput | None) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def get(self) -> TokenOutput | None:
+        """The next item, waiting for it if need be (one reader at a time)."""
+        items = self._items
+        while not items:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        return items.popleft()
 
 
 class EngineLoop:
@@ -40,17 +72,17 @@ class EngineLoop:
         self.publisher = publisher
         self._clock = clock
         self._wake = asyncio.Event()
-        self._queues: dict[str, asyncio.Queue[TokenOutput | None]] = {}
+        self._queues: dict[str, TokenQueue] = {}
         self._step_end = 0.0
 
-    def submit(self, request: EngineRequest) -> asyncio.Queue[TokenOutput | None]:
+    def submit(self, request: EngineRequest) -> TokenQueue:
         """Queue ``request`` in the engine; its tokens arrive on the returned queue, and
         ``None`` if it is aborted.
 
         Raises :class:`~conductor.core.errors.InvalidInput` if the engine cannot serve it.
         """
         self.core.add(request)
-        queue: asyncio.Queue[TokenOutput | None] = asyncio.Queue()
+        queue = TokenQueue()
         self._queues[request.request_id] = queue
         self._wake.set()
         return queue
@@ -66,10 +98,10 @@ class EngineLoop:
     def reset_prefix_cache(self) -> bool:
         return self.core.reset_prefix_cache()
 
-    async def flush_events(self) -> None:
+    def flush_events(self) -> None:
         """Publish events produced outside a step (a prefix-cache reset)."""
         if self.publisher is not None:
-            await self.publisher.publish(self.core.pool.take_events())
+            self.publisher.publish(self.core.pool.take_events())
 
     async def run(self) -> None:
         """Step the engine until cancelled."""
@@ -87,7 +119,7 @@ class EngineLoop:
                 self._step_end = max(self._step_end, start) + result.duration_s / self.speedup
                 await asyncio.sleep(max(0.0, self._step_end - self._clock()))
             if self.publisher is not None and result.events:
-                await self.publisher.publish(result.events)
+                self.publisher.publish(result.events)
             queues = self._queues
             for out in result.outputs:
                 queue = queues.get(out.request.request_id)
