@@ -338,7 +338,8 @@ def test_oversized_body_gets_a_json_413(emu: EmulatorThread) -> None:
     assert b"content-type: application/json" in head.lower()
     assert json.loads(body) == {
         "error": {
-            "message": f"request body exceeds the limit of {MAX_BODY_BYTES} bytes",
+            "message": f"request body of {MAX_BODY_BYTES + 1} bytes exceeds the limit of "
+            f"{MAX_BODY_BYTES}",
             "type": "RequestTooLargeError",
             "param": None,
             "code": 413,
