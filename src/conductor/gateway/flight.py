@@ -87,6 +87,11 @@ class Flight:
         """The prefill ended now (prefill leg answered, or first token seen)."""
         if self.prefill_done or self.closed:
             return
+        self._end_prefill()
+
+    def _end_prefill(self) -> None:
+        if self.prefill_done:
+            return
         self.prefill_done = True
         self._cancel_timer()
         if self._same(self.plan.prefill, self._prefill_state):
@@ -94,13 +99,15 @@ class Flight:
                 PrefillFinished(self.request_id, self.plan.prefill, self.clock())
             )
 
-    def first_token(self) -> None:
-        """The first generated token reached us (streaming): observe TTFT."""
+    def first_token(self, at_s: float | None = None) -> None:
+        """The first generated token reached us (streaming) at ``at_s`` (default now):
+        observe TTFT."""
         if self.first_token_seen:
             return
         self.first_token_seen = True
+        seen_s = self.clock() if at_s is None else at_s
         self.metrics.child(self.metrics.observed_ttft, self.plan.policy, self.mode.value).observe(
-            self.clock() - self.scheduled_at_s
+            seen_s - self.scheduled_at_s
         )
         self.prefill_finished()
 
@@ -118,19 +125,26 @@ class Flight:
             self._timer.cancel()
             self._timer = None
 
-    def close(self, outcome: Outcome) -> None:
-        """End the flight (idempotent): ``RequestFinished`` if completed, else ``cancel()``."""
+    def close(self, outcome: Outcome, *, soon: asyncio.AbstractEventLoop | None = None) -> None:
+        """End the flight (idempotent): ``RequestFinished`` if completed, else ``cancel()``.
+        With ``soon``, the flight is closed now but the scheduler and metrics hear of it on
+        that loop's next pass (after what is queued to be sent goes out)."""
         if self.closed:
             return
+        self.outcome = outcome
+        if soon is None:
+            self._settle(outcome)
+        else:
+            soon.call_soon(self._settle, outcome)
+
+    def _settle(self, outcome: Outcome) -> None:
         self._cancel_timer()
         if outcome is Outcome.COMPLETED:
-            self.prefill_finished()
-            self.outcome = outcome
+            self._end_prefill()
             if self._same(self.decode, self._decode_state):
                 self.conductor.on_event(RequestFinished(self.request_id, self.decode, self.clock()))
             else:
                 self.conductor.cancel(self.request_id)
         else:
-            self.outcome = outcome
             self.conductor.cancel(self.request_id)
         self.metrics.child(self.metrics.finished, outcome.value).inc()

@@ -151,16 +151,24 @@ async def relay(
     resp: UpstreamResponse, flight: Flight, *, deadline: float
 ) -> AsyncGenerator[bytes, None]:
     """Pass the engine's SSE bytes through; the first bytes mark the first token. A broken
-    or stalled stream ends with an SSE error event and ``[DONE]``."""
+    or stalled stream ends with an SSE error event and ``[DONE]``.
+
+    Bookkeeping that the client need not wait for (the first token's and the end's effects
+    on the scheduler and the metrics) runs on the loop's next pass, after the bytes left."""
+    loop = asyncio.get_running_loop()
     at_boundary = True
     error: bytes | None = None
     try:
         async for chunk in resp.chunks(deadline):
             if chunk:
-                flight.first_token()
                 at_boundary = chunk.endswith(b"\n\n")
-                yield chunk
-        flight.close(Outcome.COMPLETED)
+                if flight.first_token_seen:
+                    yield chunk
+                else:
+                    seen_s = flight.clock()
+                    yield chunk
+                    loop.call_soon(flight.first_token, seen_s)
+        flight.close(Outcome.COMPLETED, soon=loop)
     except (TimeoutError, httpx.TimeoutException):
         flight.close(Outcome.TIMEOUT)
         error = sse_error("the engine stopped streaming in time", 504, "upstream_timeout")

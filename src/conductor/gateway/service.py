@@ -514,16 +514,27 @@ class Gateway:
             decision = self.conductor.schedule(request, now)
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from None
-        self.metrics.child(self.metrics.decision_latency, policy).observe(time.perf_counter() - t0)
+        elapsed_s = time.perf_counter() - t0
         if isinstance(decision, Rejection):
+            self.metrics.child(self.metrics.decision_latency, policy).observe(elapsed_s)
             self.metrics.decisions.labels(policy, "rejected").inc()
             self.metrics.rejections.labels(decision.code).inc()
             raise self._rejection_error(decision)
-        self.metrics.child(self.metrics.decisions, policy, "accepted").inc()
-        self.metrics.child(self.metrics.predicted_ttft, policy).observe(decision.predicted_ttft_s)
-        self.metrics.child(self.metrics.cache_hit_tokens, policy).inc(decision.cached_tokens)
-        self.metrics.child(self.metrics.prompt_tokens, policy).inc(request.prompt_tokens)
+        # recorded on the loop's next pass: after the request went out to the engine
+        asyncio.get_running_loop().call_soon(
+            self._record_decision, policy, elapsed_s, decision, request.prompt_tokens
+        )
         return decision
+
+    def _record_decision(
+        self, policy: str, elapsed_s: float, plan: Plan, prompt_tokens: int
+    ) -> None:
+        m = self.metrics
+        m.child(m.decision_latency, policy).observe(elapsed_s)
+        m.child(m.decisions, policy, "accepted").inc()
+        m.child(m.predicted_ttft, policy).observe(plan.predicted_ttft_s)
+        m.child(m.cache_hit_tokens, policy).inc(plan.cached_tokens)
+        m.child(m.prompt_tokens, policy).inc(prompt_tokens)
 
     def _rejection_error(self, rejection: Rejection) -> GatewayError:
         retry_s = 1
