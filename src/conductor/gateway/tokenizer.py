@@ -19,6 +19,7 @@ from conductor.core.errors import ConductorError
 from conductor.core.hashing import hash_block, hash_blocks
 from conductor.core.types import BlockHash
 from conductor.gateway.errors import BadRequest
+from conductor.gateway.fast_bpe import FastByteLevelBpe
 from conductor.gateway.openai_api import ParsedRequest
 
 
@@ -100,6 +101,7 @@ class HfTokenizer:
         self._vocab_size = len(tokenizer)
         self._lock = threading.Lock()
         self._fast = _fast_backend(tokenizer)
+        self._bpe = None if self._fast is None else FastByteLevelBpe.build(tokenizer._tokenizer)
 
     @classmethod
     def load(cls, model_path: Path) -> HfTokenizer:
@@ -124,8 +126,20 @@ class HfTokenizer:
     def vocab_size(self) -> int:
         return self._vocab_size
 
+    @property
+    def fast_path(self) -> str:
+        """Which encoder runs: ``byte-level-bpe`` (:mod:`conductor.gateway.fast_bpe`),
+        ``rust`` (the Rust tokenizer directly) or ``transformers``."""
+        if self._bpe is not None:
+            return "byte-level-bpe"
+        return "rust" if self._fast is not None else "transformers"
+
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         with self._lock:
+            if self._bpe is not None:
+                ids = self._bpe.encode(text, add_special_tokens=add_special_tokens)
+                if ids is not None:
+                    return ids
             if self._fast is not None:  # the Rust tokenizer itself, as transformers calls it
                 return list(self._fast([text], add_special_tokens=add_special_tokens)[0].ids)
             ids = self._tok.encode(text, add_special_tokens=add_special_tokens)
