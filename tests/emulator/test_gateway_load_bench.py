@@ -163,3 +163,35 @@ def test_direct_run_end_to_end(tmp_path: Path) -> None:
     assert result["direct"]["ok"] == 20 and result["direct"]["errors"] == 0
     assert result["direct"]["engines"]["prefix_cache_queries"] == 20 * 256  # no warm-up
     assert result["gateway"] == {"skipped": "--no-gateway"}
+
+
+def test_paired_run_through_the_gateway_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    args = ["--engines", "1", "--paired", "--requests", "20", "--warmup", "2"]
+    args += ["--concurrency", "1", "--log-dir", str(tmp_path / "logs"), "--json", str(out)]
+    assert bench.main(args) == 0
+    result = json.loads(out.read_text())
+    direct, through = result["direct"], result["gateway"]
+    assert (direct["ok"], direct["errors"], through["ok"], through["errors"]) == (20, 0, 20, 0)
+    assert direct["paired"] and through["paired"]
+    # both paths reached the one engine: 2 x (20 + 2 warm-up) completions of 8 tokens
+    assert through["engines"]["generation_tokens"] == 44 * 8
+    assert set(result["added_latency_ms"]) == {
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "e2e_p50_ms",
+        "e2e_p99_ms",
+    }
+    assert set(result["targets"]) == {
+        "added_e2e_p50_ms_at_most",
+        "added_e2e_p50_met",
+        "gateway_requests_per_s_at_least",
+        "gateway_requests_per_s_met",
+    }
+
+
+def test_paired_needs_the_raw_client_at_concurrency_1() -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--paired", "--concurrency", "4"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--paired", "--client", "wrk"])
