@@ -251,14 +251,23 @@ async def test_client_disconnect_cancels_the_stream_and_runs_on_close() -> None:
     assert (app.cancelled, app.closed_streams) == (1, 1)
 
 
-async def test_shutdown_lets_requests_in_progress_finish() -> None:
-    app = App()
+async def waiting_stream(
+    app: App,
+) -> tuple[HttpServer, asyncio.StreamReader, asyncio.StreamWriter]:
+    """A started server with one client whose stream waits on ``app.release``."""
     server = HttpServer(app.router)
     await server.start()
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     writer.write(b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
     async with asyncio.timeout(5):
         await app.entered.wait()
+    return server, reader, writer
+
+
+async def test_shutdown_lets_requests_in_progress_finish() -> None:
+    app = App()
+    server, reader, writer = await waiting_stream(app)
+    async with asyncio.timeout(5):
         stopping = asyncio.create_task(server.shutdown(grace_s=5))
         await asyncio.sleep(0.1)
         assert not stopping.done()  # waits for the stream
@@ -272,12 +281,8 @@ async def test_shutdown_lets_requests_in_progress_finish() -> None:
 
 async def test_shutdown_cuts_requests_after_the_grace_period() -> None:
     app = App()
-    server = HttpServer(app.router)
-    await server.start()
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
+    server, reader, writer = await waiting_stream(app)
     async with asyncio.timeout(5):
-        await app.entered.wait()
         await server.shutdown(grace_s=0.1)
         await reader.read(-1)
         while app.closed_streams == 0:

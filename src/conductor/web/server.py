@@ -306,13 +306,20 @@ class HttpProtocol(asyncio.Protocol):
                 self._arm_idle()
             return
 
+    def _cancelled_by_us(self) -> bool:
+        """Whether a cancellation came from us (the client left, the server stops); it is
+        then consumed: the task ends normally."""
+        if self.closed or self.server.stopping:
+            _uncancel()
+            return True
+        return False
+
     async def _answer(self, request: Request, keep: bool) -> bool:
         """Runs the application and writes its answer; whether the connection stays open."""
         try:
             response = await self.app(request)
         except asyncio.CancelledError:
-            if self.closed or self.server.stopping:
-                _uncancel()
+            if self._cancelled_by_us():
                 return False
             raise
         except Exception:
@@ -365,8 +372,7 @@ class HttpProtocol(asyncio.Protocol):
         except _ClientGone:
             return False
         except asyncio.CancelledError:
-            if self.closed or self.server.stopping:
-                _uncancel()
+            if self._cancelled_by_us():
                 return False
             raise
         except Exception:
