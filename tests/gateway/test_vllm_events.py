@@ -6,7 +6,9 @@ import msgpack
 import pytest
 
 from conductor.core.errors import ConductorError
+from conductor.gateway.wire import vllm_events_encode as enc
 from conductor.gateway.wire.vllm_events import (
+    _TYPED,
     EngineAllBlocksCleared,
     EngineBlockHash,
     EngineBlockRemoved,
@@ -14,6 +16,7 @@ from conductor.gateway.wire.vllm_events import (
     EngineEventBatch,
     EngineUnknownEvent,
     WireError,
+    _decode_payload_generic,
     decode_event,
     decode_frames,
     decode_hash,
@@ -247,3 +250,25 @@ def test_malformed_events(event: object, message: str) -> None:
 
 def test_wire_error_is_a_conductor_error() -> None:
     assert issubclass(WireError, ConductorError)
+
+
+def test_typed_and_generic_decoding_agree() -> None:
+    events = [
+        enc.block_stored([1, 2], list(range(8)), 4, parent_block_hash=7),
+        enc.block_stored([3], [9, 9, 9, 9], 4, extra_keys=[("salt",)], medium="CPU"),
+        enc.block_stored([5], [1, 2, 3, 4], 4, group_idx=None, kv_cache_spec_kind=None),
+        enc.block_removed([1, 2]),
+        enc.block_removed([3], medium="CPU", group_idx=1),
+        enc.all_blocks_cleared(),
+    ]
+    bytes_hashes = enc.block_stored([0], [1, 2, 3, 4], 4)
+    bytes_hashes["block_hashes"] = [b"\x01" * 32]
+    bytes_hashes["parent_block_hash"] = b"\x02" * 32
+    for batch in ([*events, bytes_hashes], []):
+        for dp_rank in (0, None):
+            payload = enc.encode_payload(batch, 12.5, dp_rank)
+            _TYPED.decode(payload)  # vLLM's own form takes the typed path
+            assert decode_payload(payload) == _decode_payload_generic(payload)
+    typed = decode_payload(enc.encode_payload([bytes_hashes], 1.0))[1][0]
+    assert isinstance(typed, EngineBlockStored)
+    assert typed.engine_hashes == (int.from_bytes(b"\x01" * 8, "big"),)

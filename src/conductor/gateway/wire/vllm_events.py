@@ -15,7 +15,10 @@ Positional field orders (the tag first, then):
 - ``BlockRemoved``: block_hashes, medium, group_idx, ...
 - ``AllBlocksCleared``: nothing
 
-Decoding is defensive: fields are read by name where present, missing optional fields take
+vLLM 0.32's form (an array batch of tagged-map events) decodes through typed msgspec structs
+(about a sixth of the generic path's cost); anything else, or anything those structs reject,
+takes the generic path, which also words the errors. Decoding is defensive: fields are read
+by name where present, missing optional fields take
 their defaults, unknown extra fields are ignored, and events of an unknown type decode to
 :class:`EngineUnknownEvent` (skipped downstream) rather than failing the batch. Block hashes
 arrive as ints (the low 64 bits of vLLM's digest, the default) or raw bytes
@@ -31,9 +34,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NewType
+from typing import Any, NewType
 
 import msgpack
+import msgspec
 
 from conductor.core.errors import ConductorError
 
@@ -146,8 +150,75 @@ def decode_frames(frames: Sequence[bytes]) -> EngineEventBatch:
     return EngineEventBatch(topic=bytes(topic), seq=seq, ts=ts, events=events, dp_rank=dp_rank)
 
 
+class _Stored(msgspec.Struct, tag="BlockStored", tag_field="type", kw_only=True):
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None = None
+    token_ids: list[int]
+    block_size: int
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[list[Any] | None] | None = None
+    group_idx: int | None = None
+
+
+class _Removed(msgspec.Struct, tag="BlockRemoved", tag_field="type", kw_only=True):
+    block_hashes: list[int | bytes]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class _Cleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type"):
+    pass
+
+
+class _Batch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[_Stored | _Removed | _Cleared]
+    data_parallel_rank: int | None = None
+
+
+_TYPED = msgspec.msgpack.Decoder(_Batch)
+
+
 def decode_payload(payload: bytes) -> tuple[float, tuple[EngineEvent, ...], int | None]:
     """Decode a msgpack ``EventBatch`` into ``(ts, events, data_parallel_rank)``."""
+    try:
+        batch = _TYPED.decode(payload)
+        events = tuple([_from_typed(e) for e in batch.events])
+    except (msgspec.DecodeError, msgspec.ValidationError, WireError):
+        return _decode_payload_generic(payload)
+    return batch.ts, events, batch.data_parallel_rank
+
+
+def _from_typed(event: _Stored | _Removed | _Cleared) -> EngineEvent:
+    """One typed event as an engine event (``WireError`` sends the batch the generic way)."""
+    if isinstance(event, _Stored):
+        if event.block_size <= 0:
+            raise WireError("block_size must be positive")
+        extra: tuple[tuple[object, ...] | None, ...] = ()
+        if event.extra_keys is not None:
+            extra = tuple([None if e is None else _freeze_seq(e) for e in event.extra_keys])
+        parent = event.parent_block_hash
+        return EngineBlockStored(
+            engine_hashes=_hashes(event.block_hashes, "block_hashes"),
+            parent_engine_hash=None if parent is None else decode_hash(parent),
+            token_ids=tuple(event.token_ids),
+            block_size=event.block_size,
+            medium=event.medium,
+            lora_name=event.lora_name,
+            extra_keys=extra,
+            group_idx=event.group_idx,
+        )
+    if isinstance(event, _Removed):
+        return EngineBlockRemoved(
+            engine_hashes=_hashes(event.block_hashes, "block_hashes"),
+            medium=event.medium,
+            group_idx=event.group_idx,
+        )
+    return EngineAllBlocksCleared()
+
+
+def _decode_payload_generic(payload: bytes) -> tuple[float, tuple[EngineEvent, ...], int | None]:
     try:
         obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
