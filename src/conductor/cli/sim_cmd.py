@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -120,51 +121,54 @@ def load_requests(
         raise _fail(f"{path}: {exc}") from None
 
 
-def build_config(
-    *,
-    policy: str,
-    prefill: int,
-    decode: int,
-    preset_name: str,
-    ttft_slo_s: float,
-    tbt_slo_ms: float,
-    seed: int,
-    admission: str | None,
-    cache_tokens: int | None,
-    unbounded: bool,
-    kv_event_delay_s: float,
-    cpp: bool | None = None,
-    replication: bool = False,
-    sample_every_s: float = 0.0,
-) -> SimConfig:
+@dataclass(frozen=True, slots=True)
+class ClusterOptions:
+    """The cluster, SLO and scheduler options ``simulate``, ``compare`` and ``capacity``
+    share (as given on the command line)."""
+
+    prefill: int
+    decode: int
+    preset_name: str
+    ttft_slo_s: float
+    tbt_slo_ms: float
+    seed: int
+    admission: str | None = None
+    cpp: bool | None = None
+    replication: bool = False
+    cache_tokens: int | None = None
+    unbounded: bool = False
+    kv_event_delay_s: float = 0.0
+
+
+def build_config(o: ClusterOptions, policy: str, *, sample_every_s: float = 0.0) -> SimConfig:
     """The simulated cluster; settings left as None take the policy's own defaults
     (``conductor`` brings admission and CPP), then the global ones."""
     try:
-        cost = preset(preset_name)
+        cost = preset(o.preset_name)
     except ConductorError as exc:
         raise typer.BadParameter(str(exc), param_hint="--preset") from None
-    for value, hint in ((prefill, "--prefill"), (decode, "--decode")):
+    for value, hint in ((o.prefill, "--prefill"), (o.decode, "--decode")):
         if value <= 0:
             raise typer.BadParameter(f"must be >= 1, got {value}", param_hint=hint)
     defaults = policy_config_defaults(policy)
     try:
         sched = SchedulerConfig(
-            ttft_slo_s=ttft_slo_s,
-            tbt_slo_s=tbt_slo_ms / 1e3,
-            admission=admission or str(defaults.get("admission", "off")),
-            cpp_enabled=bool(defaults.get("cpp_enabled", False)) if cpp is None else cpp,
-            replication_enabled=replication,
-            seed=seed,
+            ttft_slo_s=o.ttft_slo_s,
+            tbt_slo_s=o.tbt_slo_ms / 1e3,
+            admission=o.admission or str(defaults.get("admission", "off")),
+            cpp_enabled=bool(defaults.get("cpp_enabled", False)) if o.cpp is None else o.cpp,
+            replication_enabled=o.replication,
+            seed=o.seed,
         )
         return SimConfig(
             policy=policy,
-            n_prefill=prefill,
-            n_decode=decode,
+            n_prefill=o.prefill,
+            n_decode=o.decode,
             cost=cost,
             scheduler=sched,
-            cache_capacity_tokens=None if unbounded else (cache_tokens or 3_000_000),
-            kv_event_delay_s=kv_event_delay_s,
-            seed=seed,
+            cache_capacity_tokens=None if o.unbounded else (o.cache_tokens or 3_000_000),
+            kv_event_delay_s=o.kv_event_delay_s,
+            seed=o.seed,
             load_sample_every_s=sample_every_s,
             replica_sample_every_s=30.0 if sample_every_s > 0 else 0.0,
         )
@@ -234,22 +238,11 @@ def register(app: typer.Typer) -> None:
         name = policy or default_policy()
         _check_policy(name)
         requests = load_requests(trace, limit, speed, skip_invalid)
-        cfg = build_config(
-            policy=name,
-            prefill=prefill,
-            decode=decode,
-            preset_name=preset_name,
-            ttft_slo_s=ttft_slo_s,
-            tbt_slo_ms=tbt_slo_ms,
-            seed=seed,
-            admission=admission,
-            cpp=cpp,
-            replication=replication,
-            cache_tokens=cache_tokens,
-            unbounded=unbounded_cache,
-            kv_event_delay_s=kv_event_delay_s,
-            sample_every_s=10.0 if load_plot is not None else 0.0,
-        )
+        options = ClusterOptions(
+            prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
+            replication, cache_tokens, unbounded_cache, kv_event_delay_s,
+        )  # fmt: skip
+        cfg = build_config(options, name, sample_every_s=10.0 if load_plot is not None else 0.0)
         res = _run(requests, cfg)
         print_table([res.summary])
         _print_extras(res.summary)
@@ -304,23 +297,13 @@ def register(app: typer.Typer) -> None:
         modes: list[str | None] = (
             [m.strip() for m in admissions.split(",") if m.strip()] if admissions else [admission]
         )
+        options = ClusterOptions(
+            prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
+            replication, cache_tokens, unbounded_cache, kv_event_delay_s,
+        )  # fmt: skip
         results: list[SimResult] = []
         for name, mode in [(n, m) for n in names for m in modes]:
-            cfg = build_config(
-                policy=name,
-                prefill=prefill,
-                decode=decode,
-                preset_name=preset_name,
-                ttft_slo_s=ttft_slo_s,
-                tbt_slo_ms=tbt_slo_ms,
-                seed=seed,
-                admission=mode,
-                cpp=cpp,
-                replication=replication,
-                cache_tokens=cache_tokens,
-                unbounded=unbounded_cache,
-                kv_event_delay_s=kv_event_delay_s,
-            )
+            cfg = build_config(replace(options, admission=mode), name)
             results.append(_run(requests, cfg))
         summaries = [r.summary for r in results]
         print_table(summaries)
@@ -373,24 +356,14 @@ def register(app: typer.Typer) -> None:
         if not 0 < target <= 1:
             raise typer.BadParameter(f"must be in (0, 1], got {target}", param_hint="--target")
         requests = load_requests(trace, limit, 1.0, skip_invalid)
+        options = ClusterOptions(
+            prefill, decode, preset_name, ttft_slo_s, thresholds[0], seed, admission, cpp
+        )
         out: list[dict[str, Any]] = []
         for name in names:
             row: dict[str, Any] = {"policy": name}
             for tbt in thresholds:
-                cfg = build_config(
-                    policy=name,
-                    prefill=prefill,
-                    decode=decode,
-                    preset_name=preset_name,
-                    ttft_slo_s=ttft_slo_s,
-                    tbt_slo_ms=tbt,
-                    seed=seed,
-                    admission=admission,
-                    cpp=cpp,
-                    cache_tokens=None,
-                    unbounded=False,
-                    kv_event_delay_s=0.0,
-                )
+                cfg = build_config(replace(options, tbt_slo_ms=tbt), name)
                 point = find_capacity(requests, cfg, target=target, bisect_steps=bisect_steps)
                 row[f"tbt_{tbt:g}ms"] = {
                     "speed": round(point.speed, 4),
