@@ -1,5 +1,5 @@
-"""The emulator depends on ``core``, ``gateway.wire`` and the ``web`` server only (cli ->
-emulator -> core); nothing outside ``cli`` imports the emulator."""
+"""The emulator depends on ``core``, ``gateway.wire``, ``hf`` and the ``web`` server only
+(cli -> emulator -> core); nothing outside ``cli`` imports the emulator."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from pathlib import Path
 import conductor
 
 SRC = Path(conductor.__file__).parent
-ALLOWED = ("conductor.core", "conductor.gateway.wire", "conductor.web", "conductor.emulator")
+ALLOWED = (
+    "conductor.core",
+    "conductor.gateway.wire",
+    "conductor.web",
+    "conductor.hf",
+    "conductor.emulator",
+)
 
 
 def _conductor_imports(path: Path) -> list[str]:

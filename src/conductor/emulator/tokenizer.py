@@ -26,6 +26,8 @@ from typing import Any, Protocol
 import xxhash
 
 from conductor.core.errors import InvalidInput
+from conductor.hf.fast_bpe import FastByteLevelBpe
+from conductor.hf.rust import rust_backend
 
 BYTE_VOCAB_SIZE = 256
 
@@ -118,8 +120,10 @@ class HfTokenizer:
 
     Encoding and decoding call the Rust tokenizer (``tokenizers.Tokenizer``) directly when
     that gives what transformers gives (checked on a sample at load, see
-    :func:`_rust_backend`): transformers' Python wrapping costs more than the Rust work for
-    a short prompt. Otherwise they go through transformers.
+    :func:`conductor.hf.rust.rust_backend`): transformers' Python wrapping costs more than
+    the Rust work for a short prompt. Otherwise they go through transformers. Byte-level BPE
+    tokenizers encode with :class:`conductor.hf.fast_bpe.FastByteLevelBpe` when it accepts
+    them.
     """
 
     def __init__(self, path: Path) -> None:
@@ -137,7 +141,8 @@ class HfTokenizer:
             raise InvalidInput("model_path", str(path), f"cannot load a tokenizer: {exc}") from exc
         self.name = path.name
         self._vocab_size = len(self._tok)
-        self._rust: Any = _rust_backend(self._tok)
+        self._rust: Any = rust_backend(self._tok, check_decode=True)
+        self._bpe = None if self._rust is None else FastByteLevelBpe.build(self._rust)
 
     @property
     def vocab_size(self) -> int:
@@ -149,6 +154,10 @@ class HfTokenizer:
         return self._rust is not None
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        if self._bpe is not None:
+            fast = self._bpe.encode(text, add_special_tokens=add_special_tokens)
+            if fast is not None:
+                return fast
         if self._rust is not None:
             ids: list[int] = self._rust.encode_batch_fast(
                 [text], add_special_tokens=add_special_tokens
@@ -169,44 +178,6 @@ class HfTokenizer:
             return self.encode(str(text), add_special_tokens=False)
         text = "".join(CHAT_TEMPLATE.format(role=m["role"], content=m["content"]) for m in messages)
         return self.encode(text + CHAT_GENERATION_PROMPT)
-
-
-_SAMPLE = " Hello, world! 12 3\n\tthe <s> cache holds blocks. éß 中文 </s>"
-
-
-def _rust_backend(tokenizer: Any) -> Any:
-    """The ``tokenizers.Tokenizer`` under a transformers fast tokenizer when calling it
-    directly gives transformers' ids and texts, else None.
-
-    Required: no truncation, padding or special-token splitting, no clean-up of decoded
-    spaces, and the same ids (with and without special tokens) and the same decoded text of
-    every prefix of them on a sample.
-    """
-    backend: Any = getattr(tokenizer, "_tokenizer", None)
-    if backend is None or not hasattr(backend, "encode_batch_fast"):
-        return None
-    if getattr(tokenizer, "split_special_tokens", True):
-        return None
-    if getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        return None
-    try:
-        if backend.truncation is not None or backend.padding is not None:
-            return None
-        if backend.encode_special_tokens:
-            return None
-        for special in (True, False):
-            want = [int(i) for i in tokenizer.encode(_SAMPLE, add_special_tokens=special)]
-            got = backend.encode_batch_fast([_SAMPLE], add_special_tokens=special)[0].ids
-            if list(got) != want:
-                return None
-            for k in range(1, len(want) + 1):
-                if backend.decode(want[:k], skip_special_tokens=False) != tokenizer.decode(
-                    want[:k]
-                ):
-                    return None
-    except Exception:  # any surprise: keep the transformers path
-        return None
-    return backend
 
 
 def output_rng(seed: int, prompt_ids: Sequence[int]) -> random.Random:

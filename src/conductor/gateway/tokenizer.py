@@ -19,8 +19,9 @@ from conductor.core.errors import ConductorError
 from conductor.core.hashing import hash_block, hash_blocks
 from conductor.core.types import BlockHash
 from conductor.gateway.errors import BadRequest
-from conductor.gateway.fast_bpe import FastByteLevelBpe
 from conductor.gateway.openai_api import ParsedRequest
+from conductor.hf.fast_bpe import FastByteLevelBpe
+from conductor.hf.rust import rust_backend
 
 
 class TokenizerLoadError(ConductorError):
@@ -100,8 +101,9 @@ class HfTokenizer:
         self._tok = tokenizer
         self._vocab_size = len(tokenizer)
         self._lock = threading.Lock()
-        self._fast = _fast_backend(tokenizer)
-        self._bpe = None if self._fast is None else FastByteLevelBpe.build(tokenizer._tokenizer)
+        backend = rust_backend(tokenizer)
+        self._fast = None if backend is None else backend.encode_batch_fast
+        self._bpe = None if backend is None else FastByteLevelBpe.build(backend)
 
     @classmethod
     def load(cls, model_path: Path) -> HfTokenizer:
@@ -128,7 +130,7 @@ class HfTokenizer:
 
     @property
     def fast_path(self) -> str:
-        """Which encoder runs: ``byte-level-bpe`` (:mod:`conductor.gateway.fast_bpe`),
+        """Which encoder runs: ``byte-level-bpe`` (:mod:`conductor.hf.fast_bpe`),
         ``rust`` (the Rust tokenizer directly) or ``transformers``."""
         if self._bpe is not None:
             return "byte-level-bpe"
@@ -168,30 +170,6 @@ class HfTokenizer:
         if not isinstance(text, str):
             raise BadRequest("the chat template did not render to text", param="messages")
         return text
-
-
-def _fast_backend(tokenizer: Any) -> Any:
-    """The Rust tokenizer's ``encode_batch_fast`` when calling it directly gives what
-    ``tokenizer.encode`` gives (a fast tokenizer without truncation, padding or
-    special-token splitting; checked on a sample), else None. It skips transformers' Python
-    wrapping (about a third of the cost of encoding a short prompt)."""
-    backend: Any = getattr(tokenizer, "_tokenizer", None)
-    fast = getattr(backend, "encode_batch_fast", None)
-    if fast is None or getattr(tokenizer, "split_special_tokens", True):
-        return None
-    try:
-        if backend.truncation is not None or backend.padding is not None:
-            return None
-        if backend.encode_special_tokens:
-            return None
-        sample = " Hello, world! 12 3\n\tthe <s> cache holds blocks. éß 中文"
-        for special in (True, False):
-            want = [int(i) for i in tokenizer.encode(sample, add_special_tokens=special)]
-            if list(fast([sample], add_special_tokens=special)[0].ids) != want:
-                return None
-    except Exception:  # any surprise: keep the transformers path
-        return None
-    return fast
 
 
 def read_max_model_len(model_path: Path) -> int | None:

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
 from conductor.demo.tokenizer import corpus, make_tokenizer
-from conductor.gateway.fast_bpe import FastByteLevelBpe, verification_corpus
 from conductor.gateway.tokenizer import HfTokenizer
+from conductor.hf.fast_bpe import FastByteLevelBpe, verification_corpus
 
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
