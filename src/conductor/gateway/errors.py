@@ -63,16 +63,6 @@ class Conflict(GatewayError):
     error_type = "conflict_error"
 
 
-class PayloadTooLarge(GatewayError):
-    status = 413
-    error_type = "invalid_request_error"
-
-
-class UnsupportedMediaType(GatewayError):
-    status = 415
-    error_type = "invalid_request_error"
-
-
 class Overloaded(GatewayError):
     """The scheduler rejected the request (SLO or KV capacity): try again later."""
 

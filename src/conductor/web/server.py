@@ -31,7 +31,7 @@ import signal
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
@@ -576,8 +576,3 @@ async def running(
             yield server
         finally:
             await server.shutdown(grace_s)
-
-
-def headers_of(mapping: Mapping[str, str] | None) -> dict[str, str]:
-    """Lower-cased copy of ``mapping`` (handy for building responses)."""
-    return {} if mapping is None else {k.lower(): v for k, v in mapping.items()}
