@@ -1,9 +1,9 @@
-"""Decision benchmark: how long :meth:`Conductor.schedule` takes, and how fast the prefix
+"""Decision benchmark: how long :meth:`Scheduler.schedule` takes, and how fast the prefix
 index ingests KV events, on the bundled Mooncake conversation trace.
 
 1. **Warm**: every trace row's ``hash_ids`` is stored on 1-2 prefill instances chosen by a
    seeded RNG, each copy as one :class:`BlocksStored` event in the GPU or DRAM tier, fed
-   through :meth:`Conductor.on_event`. The ingest rate is block hashes (one *block event*
+   through :meth:`Scheduler.on_event`. The ingest rate is block hashes (one *block event*
    each) per second of ``on_event`` time.
 2. **Decide**: the first ``warmup + requests`` rows (cycling through the trace if more are
    asked for) are scheduled in arrival order; only ``schedule()`` is timed, one
@@ -34,11 +34,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from conductor.core.conductor import Conductor
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, preset
 from conductor.core.events import BlocksStored, PrefillFinished, RequestFinished
 from conductor.core.plan import Plan
+from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceSpec
 from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role, Tier
 
@@ -178,9 +178,9 @@ def bucket_of(n_blocks: int) -> str:
 
 def make_cluster(
     n_prefill: int, n_decode: int, *, policy: str, preset_name: str, seed: int
-) -> Conductor:
+) -> Scheduler:
     config = SchedulerConfig(block_size_tokens=TRACE_BLOCK_SIZE_TOKENS, seed=seed)
-    c = Conductor(preset(preset_name), policy=policy, config=config)
+    c = Scheduler(preset(preset_name), policy=policy, config=config)
     for i in range(n_prefill):
         c.add_instance(InstanceSpec(InstanceId(f"p{i}"), Role.PREFILL))
     for i in range(n_decode):
@@ -226,7 +226,7 @@ def trace_requests(rows: Sequence[TraceRow], count: int) -> list[Request]:
     return out
 
 
-def ingest(conductor: Conductor, events: Sequence[BlocksStored]) -> float:
+def ingest(conductor: Scheduler, events: Sequence[BlocksStored]) -> float:
     """Feed ``events`` through ``on_event``; returns the seconds it took."""
     on_event = conductor.on_event
     t0 = time.perf_counter_ns()
@@ -330,7 +330,7 @@ def run_repeated(
 
 
 def _time_schedule(
-    conductor: Conductor,
+    conductor: Scheduler,
     reqs: Sequence[Request],
     warmup: int,
     finish_every: int,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from conductor.core.conductor import Conductor
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel, LinearDecode, PolynomialPrefill, preset
+from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceSpec
 from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role
 
@@ -27,9 +27,9 @@ def make_conductor(
     block_size: int = 4,
     cost: CostModel = LINEAR_COST,
     **cfg: object,
-) -> Conductor:
+) -> Scheduler:
     config = SchedulerConfig(block_size_tokens=block_size, **cfg)  # type: ignore[arg-type]
-    c = Conductor(cost, policy=policy, config=config)
+    c = Scheduler(cost, policy=policy, config=config)
     for i in range(n_prefill):
         c.add_instance(InstanceSpec(InstanceId(f"p{i}"), Role.PREFILL))
     for i in range(n_decode):

@@ -12,7 +12,6 @@ import random
 
 import pytest
 
-from conductor.core.conductor import Conductor
 from conductor.core.config import SchedulerConfig
 from conductor.core.errors import InvalidInput
 from conductor.core.events import BlocksStored
@@ -21,6 +20,7 @@ from conductor.core.policies import SchedulingContext, dynamo, llmd, policy_name
 from conductor.core.policies.decode import LeastTbtDecode
 from conductor.core.policies.preble import PreblePolicy
 from conductor.core.policies.selection import argmin_index, softmax_index, softmax_weights
+from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceSpec
 from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role, Tier
 
@@ -29,39 +29,39 @@ from .helpers import LINEAR_COST, hashes, iid, make_conductor, req
 CHAIN = hashes(*range(1, 11))  # 10 blocks = 40 tokens
 
 
-def _plan(c: Conductor, r: Request, now_s: float = 0.0) -> Plan:
+def _plan(c: Scheduler, r: Request, now_s: float = 0.0) -> Plan:
     d = c.schedule(r, now_s=now_s)
     assert isinstance(d, Plan), d
     return d
 
 
-def _cluster(policy: str, roles: dict[str, Role], **cfg: object) -> Conductor:
+def _cluster(policy: str, roles: dict[str, Role], **cfg: object) -> Scheduler:
     config = SchedulerConfig(block_size_tokens=4, **cfg)  # type: ignore[arg-type]
-    c = Conductor(LINEAR_COST, policy=policy, config=config)
+    c = Scheduler(LINEAR_COST, policy=policy, config=config)
     for name, role in roles.items():
         c.add_instance(InstanceSpec(InstanceId(name), role))
     return c
 
 
-def _store(c: Conductor, inst: str, blocks: tuple[BlockHash, ...], tier: Tier) -> None:
+def _store(c: Scheduler, inst: str, blocks: tuple[BlockHash, ...], tier: Tier) -> None:
     c.on_event(BlocksStored(iid(inst), blocks, tier))
 
 
-def _queue(c: Conductor, inst: str, tokens: int, n: int = 1) -> None:
+def _queue(c: Scheduler, inst: str, tokens: int, n: int = 1) -> None:
     """``n`` unfinished prefills of ``tokens`` uncached tokens each on ``inst``."""
     p = c.instances[iid(inst)].prefill
     for k in range(n):
         p.assign(RequestId(f"q-{inst}-{p.queued_requests}-{k}"), 0.0, tokens, 0.0)
 
 
-def _decoding(c: Conductor, inst: str, tokens: int, n: int = 1, output: int = 0) -> None:
+def _decoding(c: Scheduler, inst: str, tokens: int, n: int = 1, output: int = 0) -> None:
     """``n`` requests of ``tokens`` context each in ``inst``'s decode batch."""
     d = c.instances[iid(inst)].decode
     for k in range(n):
         d.admit(RequestId(f"d-{inst}-{d.batch_size}-{k}"), tokens, output)
 
 
-def _ctx(c: Conductor, r: Request) -> SchedulingContext:
+def _ctx(c: Scheduler, r: Request) -> SchedulingContext:
     ctx = c.context(r, 0.0)
     assert ctx is not None
     return ctx
@@ -71,7 +71,7 @@ def test_peer_policies_are_registered() -> None:
     assert {"dynamo", "sglang", "lmetric", "llmd", "preble"} <= set(policy_names())
 
 
-# -- Conductor: a policy may bring its own decode policy ---------------------------------
+# -- Scheduler: a policy may bring its own decode policy ---------------------------------
 
 
 def test_conductor_uses_a_policys_own_decode_only_when_it_has_one() -> None:
@@ -82,7 +82,7 @@ def test_conductor_uses_a_policys_own_decode_only_when_it_has_one() -> None:
     own: object = c.decode_policy
     assert own is c.policy
     explicit = LeastTbtDecode()
-    c2 = Conductor(LINEAR_COST, policy="dynamo", decode_policy=explicit)
+    c2 = Scheduler(LINEAR_COST, policy="dynamo", decode_policy=explicit)
     assert c2.decode_policy is explicit
 
 
@@ -157,7 +157,7 @@ def test_dynamo_decode_is_load_only_fewest_blocks() -> None:
     # 13 ms step x 1.5 for the long first interval (10 output tokens: k = 1)
     assert plan.predicted_tbt_s == pytest.approx(0.013 * 1.5)
     # the default decode policy would pick by predicted TBT instead: d0
-    c2 = Conductor(LINEAR_COST, policy="dynamo", config=c.config, decode_policy=LeastTbtDecode())
+    c2 = Scheduler(LINEAR_COST, policy="dynamo", config=c.config, decode_policy=LeastTbtDecode())
     for name, role in roles.items():
         c2.add_instance(InstanceSpec(InstanceId(name), role))
     _decoding(c2, "d0", 40)
@@ -203,7 +203,7 @@ def test_dynamo_softmax_weights_arithmetic() -> None:
     assert softmax_index([18.0, 10.0, 11.0], 1.0, _U()) == 1
 
 
-def _worked_example(seed: int, temperature: float) -> Conductor:
+def _worked_example(seed: int, temperature: float) -> Scheduler:
     c = _cluster(
         "dynamo",
         {"w1": Role.BOTH, "w2": Role.BOTH, "w3": Role.BOTH},
@@ -331,7 +331,7 @@ def test_lmetric_counts_decode_batch_and_full_hits_keep_one_token() -> None:
 # -- llmd ----------------------------------------------------------------------------------
 
 
-def _llmd_cluster(params: dict[str, float] | None = None) -> Conductor:
+def _llmd_cluster(params: dict[str, float] | None = None) -> Scheduler:
     c = make_conductor(3, 1, policy="llmd", policy_params=params or {})
     _queue(c, "p1", 10_000, n=2)  # q = 2, KV use 20 000 / 100 000 = 0.2
     _queue(c, "p2", 5_000, n=4)  # q = 4, KV use 20 000 / 100 000 = 0.2
@@ -387,12 +387,12 @@ def test_llmd_ties_break_by_seeded_rng() -> None:
 # -- preble --------------------------------------------------------------------------------
 
 
-def _preble(c: Conductor) -> PreblePolicy:
+def _preble(c: Scheduler) -> PreblePolicy:
     assert isinstance(c.policy, PreblePolicy)
     return c.policy
 
 
-def _preble_warm(params: dict[str, float] | None = None) -> Conductor:
+def _preble_warm(params: dict[str, float] | None = None) -> Scheduler:
     """Two requests without cache at t = 0: r1 (100 tokens) explores to p0 (loads 0, 0:
     first), r2 (200 tokens) explores to p1 (loads 0.1, 0). Window: p0 0.1 s, p1 0.2 s."""
     c = make_conductor(2, 1, policy="preble", policy_params=params or {})

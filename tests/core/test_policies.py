@@ -170,14 +170,14 @@ def test_tbt_factor_models_the_long_first_interval() -> None:
 
 
 def test_decode_prefers_the_prefill_rack_when_it_meets_the_slo() -> None:
-    from conductor.core.conductor import Conductor
     from conductor.core.config import SchedulerConfig
+    from conductor.core.scheduler import Scheduler
     from conductor.core.state import InstanceSpec
     from conductor.core.types import Role
 
     from .helpers import LINEAR_COST
 
-    c = Conductor(LINEAR_COST, policy="round_robin", config=SchedulerConfig(block_size_tokens=4))
+    c = Scheduler(LINEAR_COST, policy="round_robin", config=SchedulerConfig(block_size_tokens=4))
     c.add_instance(InstanceSpec(iid("p0"), Role.PREFILL, rack="A"))
     c.add_instance(InstanceSpec(iid("dB"), Role.DECODE, rack="B"))
     c.add_instance(InstanceSpec(iid("dA"), Role.DECODE, rack="A"))
@@ -188,7 +188,7 @@ def test_decode_prefers_the_prefill_rack_when_it_meets_the_slo() -> None:
     assert plan.decode == "dA"
     assert plan.predicted_tbt_s == pytest.approx(0.012 * 1.5)
     # outside the SLO the faster remote one wins
-    tight = Conductor(
+    tight = Scheduler(
         LINEAR_COST,
         policy="round_robin",
         config=SchedulerConfig(block_size_tokens=4, tbt_slo_s=0.017),

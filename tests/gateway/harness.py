@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import httpx
 
-from conductor.core.conductor import Conductor
 from conductor.core.config import SchedulerConfig
 from conductor.core.policies import policy_config_defaults
 from conductor.core.policies.colocated import ColocatedDecode
+from conductor.core.scheduler import Scheduler
 from conductor.core.types import Role
 from conductor.gateway import app as gateway_app
 from conductor.gateway.config import EngineConfig, GatewayConfig, MonitorConfig, UpstreamConfig
@@ -88,7 +88,7 @@ def make_gateway(
         admission=admission or str(defaults.get("admission", "off")),
         cpp_enabled=False,
     )
-    conductor = Conductor(gateway_preset("tiny-cpu"), policy=policy, config=sched)
+    conductor = Scheduler(gateway_preset("tiny-cpu"), policy=policy, config=sched)
     conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
     cfg = GatewayConfig(
         model_name=MODEL,

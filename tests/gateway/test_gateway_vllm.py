@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conductor.core.conductor import Conductor
 from conductor.core.config import SchedulerConfig
 from conductor.core.policies.colocated import ColocatedDecode
+from conductor.core.scheduler import Scheduler
 from conductor.core.types import InstanceId, Role
 from conductor.gateway.config import EngineConfig, GatewayConfig, MonitorConfig, UpstreamConfig
 from conductor.gateway.costs import gateway_preset
@@ -102,7 +102,7 @@ def real_gateway(engines: list[EngineConfig]) -> Gateway:
     sched = SchedulerConfig(
         block_size_tokens=BLOCK_SIZE_TOKENS, ttft_slo_s=30.0, admission="early", cpp_enabled=False
     )
-    conductor = Conductor(gateway_preset("tiny-cpu"), policy="conductor", config=sched)
+    conductor = Scheduler(gateway_preset("tiny-cpu"), policy="conductor", config=sched)
     conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
     cfg = GatewayConfig(
         model_name=SERVED_MODEL_NAME,

@@ -2,7 +2,7 @@
 
 This is the composition root of the gateway: it resolves the configuration
 (:mod:`conductor.cli.serve_config`), loads the tokenizer, builds the
-:class:`~conductor.core.conductor.Conductor`, the :class:`~conductor.gateway.service.Gateway`
+:class:`~conductor.core.scheduler.Scheduler`, the :class:`~conductor.gateway.service.Gateway`
 and its HTTP server (:mod:`conductor.web`), and serves until SIGINT/SIGTERM. ``--check``
 prints the resolved configuration and exits instead. Bad configuration exits with status 2
 and names the field and the value.
@@ -18,10 +18,10 @@ from typing import Annotated
 import typer
 
 from conductor.cli.serve_config import DEFAULTS, ServeSettings, build_settings
-from conductor.core.conductor import Conductor
 from conductor.core.errors import ConductorError
 from conductor.core.policies import policy_names
 from conductor.core.policies.colocated import ColocatedDecode
+from conductor.core.scheduler import Scheduler
 from conductor.gateway.costs import preset_names
 
 ADMIN_TOKEN_ENV = "CONDUCTOR_ADMIN_TOKEN"
@@ -29,9 +29,9 @@ SHUTDOWN_GRACE_S = 10.0
 log = logging.getLogger("conductor.serve")
 
 
-def build_conductor(settings: ServeSettings) -> Conductor:
+def build_conductor(settings: ServeSettings) -> Scheduler:
     """The scheduler for the gateway: requests placed on a ``both`` engine decode there."""
-    conductor = Conductor(settings.cost, policy=settings.policy, config=settings.scheduler)
+    conductor = Scheduler(settings.cost, policy=settings.policy, config=settings.scheduler)
     conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
     return conductor
 

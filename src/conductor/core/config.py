@@ -11,7 +11,7 @@ ADMISSION_MODES = ("off", "baseline", "early", "predictive")
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """Knobs of :class:`conductor.core.conductor.Conductor`.
+    """Knobs of :class:`conductor.core.scheduler.Scheduler`.
 
     ``kvcache_balancing_threshold``: Algorithm 1 fetches the best remote prefix to an
     instance when ``best_prefix / local_prefix > threshold`` (a zero local prefix counts as

@@ -1,10 +1,10 @@
-"""What :meth:`Conductor.schedule` returns: a :class:`Plan` or a :class:`Rejection`."""
+"""What :meth:`Scheduler.schedule` returns: a :class:`Plan` or a :class:`Rejection`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conductor.core.cpp import CppPlan
+from conductor.core.chunked_pipeline import PipelinePlan
 from conductor.core.types import BlockHash, InstanceId, RequestId
 
 
@@ -41,7 +41,7 @@ class Plan:
     prefill_s: float
     predicted_tbt_s: float
     migrations: tuple[Migration, ...] = ()
-    cpp: CppPlan | None = None
+    cpp: PipelinePlan | None = None
     """Chunked pipeline parallel prefill over ``cpp.nodes`` (``prefill`` is the lead)."""
 
     @property

@@ -18,9 +18,9 @@ import asyncio
 import enum
 from collections.abc import Callable
 
-from conductor.core.conductor import Conductor
 from conductor.core.events import PrefillFinished, RequestFinished
 from conductor.core.plan import Plan
+from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId, RequestId
 from conductor.gateway.metrics import GatewayMetrics
@@ -45,7 +45,7 @@ class Flight:
 
     def __init__(
         self,
-        conductor: Conductor,
+        conductor: Scheduler,
         plan: Plan,
         mode: Mode,
         *,

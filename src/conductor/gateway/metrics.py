@@ -142,7 +142,7 @@ class GatewayMetrics:
         )
         self.decision_latency = Histogram(
             "conductor_decision_latency_seconds",
-            "Wall time of one Conductor.schedule() call",
+            "Wall time of one Scheduler.schedule() call",
             ["policy"],
             buckets=DECISION_BUCKETS_S,
             registry=r,

@@ -1,6 +1,6 @@
 """The gateway service: the scheduler in front of real engines.
 
-:class:`Gateway` owns a :class:`~conductor.core.conductor.Conductor`, one
+:class:`Gateway` owns a :class:`~conductor.core.scheduler.Scheduler`, one
 :class:`~conductor.gateway.engines.EngineHandle` per engine, an HTTP client for upstream
 calls (transport injectable) and the background tasks (per engine: KV-event subscriber and
 pump; global: health checks, load polling), all started by :meth:`Gateway.running` inside one
@@ -28,10 +28,10 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import zmq.asyncio
 
-from conductor.core.conductor import Conductor
 from conductor.core.errors import InvalidInput, UnknownInstance
 from conductor.core.events import AllBlocksCleared, BlocksRemoved, BlocksStored, KvEvent
 from conductor.core.plan import Plan, Rejection
+from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceSpec
 from conductor.core.types import InstanceId, Request, RequestId, Role
 from conductor.gateway.config import EngineConfig, GatewayConfig, check_engine_fits
@@ -86,7 +86,7 @@ class Gateway:
     def __init__(
         self,
         config: GatewayConfig,
-        conductor: Conductor,
+        conductor: Scheduler,
         tokenizer: PromptTokenizer,
         *,
         transport: httpx.AsyncBaseTransport | None = None,

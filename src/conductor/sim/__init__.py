@@ -1,6 +1,6 @@
 """Deterministic discrete-event simulator of a P/D-disaggregated cluster.
 
-It drives the real :class:`conductor.core.conductor.Conductor` (the same code the gateway
+It drives the real :class:`conductor.core.scheduler.Scheduler` (the same code the gateway
 uses) with arrivals from a trace, executes its plans on simulated prefill instances (FCFS,
 LRU KV caches, network fetches), decode instances (continuous batching at iteration
 granularity) and reports per-request TTFT / TBT and the cluster-level metrics.

@@ -1,4 +1,4 @@
-"""The event loop: arrivals -> Conductor.schedule -> fetch -> prefill -> KV hand-off -> decode.
+"""The event loop: arrivals -> Scheduler.schedule -> fetch -> prefill -> KV hand-off -> decode.
 
 One heap of ``(time, seq, kind, a, b)`` tuples gives a total order (``seq`` breaks ties), so a
 run is a pure function of (requests, config). Decode runs one event per batch iteration;
@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from conductor.core.conductor import Conductor
-from conductor.core.cpp import pipelined_prefill_s
+from conductor.core.chunked_pipeline import pipelined_prefill_s
 from conductor.core.events import (
     BlocksRemoved,
     BlocksStored,
@@ -28,6 +27,7 @@ from conductor.core.events import (
     RequestFinished,
 )
 from conductor.core.plan import Plan, Rejection
+from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceSpec
 from conductor.core.types import BlockHash, InstanceId, Request, Role, Tier
 from conductor.sim.cache import LruBlockCache
@@ -96,7 +96,7 @@ class _Simulation:
         self.cfg = cfg
         self.requests = requests
         self.cost = cfg.cost
-        self.conductor = Conductor(cfg.cost, policy=cfg.policy, config=cfg.scheduler)
+        self.conductor = Scheduler(cfg.cost, policy=cfg.policy, config=cfg.scheduler)
         self.block = cfg.scheduler.block_size_tokens
         self.records = [
             RequestRecord(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens)
@@ -270,7 +270,8 @@ class _Simulation:
 
     def add_cpp_stages(self, t: float, job: _Job, plan: Plan) -> None:
         """CPP: every node of the group runs a stage for the whole pipelined time; the
-        prefill ends when the last stage ends (see ``conductor.core.cpp``). Simplification:
+        prefill ends when the last stage ends (see ``conductor.core.chunked_pipeline``).
+        Simplification:
         each node starts its stage when *it* is free, so the request ends at the latest
         start + the pipelined time, as in a real gang, but a node that would sit waiting
         for the others is counted as free until its own start (slightly optimistic)."""

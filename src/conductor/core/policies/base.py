@@ -135,7 +135,7 @@ class SchedulingContext:
 class PrefillPolicy(Protocol):
     """Chooses the prefill instance. A policy object that also has a ``choose_decode``
     method (the :class:`DecodePolicy` signature) brings its own decode placement:
-    :class:`~conductor.core.conductor.Conductor` uses it unless a decode policy is passed
+    :class:`~conductor.core.scheduler.Scheduler` uses it unless a decode policy is passed
     explicitly; otherwise decode placement is :func:`~conductor.core.policies.decode.least_tbt`.
     """
 

@@ -32,7 +32,7 @@ How the engine metrics map onto ours:
   ``prefix-cache-scorer`` uses an approximate router-side LRU); ``total_blocks`` = the
   request's block hashes (prefix score 0 when it has none).
 * Not modelled: filters (affinity, SLO headroom), admission and flow control, the P/D
-  decider. Decode placement: the Conductor's default.
+  decider. Decode placement: the Scheduler's default.
 """
 
 from __future__ import annotations

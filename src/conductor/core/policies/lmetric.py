@@ -18,7 +18,7 @@ load, then fewer new tokens, then pool order. No parameters.
 Differences: SGLang estimates ``matched`` from an approximate character tree of routed
 text; ours is the instance's local (GPU + DRAM) prefix from the precise index, in tokens,
 with the last prompt token always computed (so ``new_prefill_tokens >= 1``). Decode
-placement: the Conductor's default.
+placement: the Scheduler's default.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ paper's threshold; one code version sets ``HIGH_LOAD_THRESHOLD = 15`` with the c
 commented out), ``preble_rebalance_after_requests`` R = 50 (Preble's
 ``sum(per_gpu_load) < 50`` warm-up guard).
 
-State: the policy object lives as long as its Conductor and keeps, per instance id, the
+State: the policy object lives as long as its Scheduler and keeps, per instance id, the
 ``(time, predicted prefill seconds)`` of the requests it routed, plus ``(time,
 output_tokens)`` of all of them, expiring entries older than ``now - W`` at each call (times
 are assumed non-decreasing, as in the simulator and the gateway).
@@ -51,7 +51,7 @@ Simplifications, honestly:
   per-request recomputation cost (zero in the code version read), the local scheduler's
   priority groups. A request rejected by admission after the choice still counts in the
   window (the policy does not see the admission outcome). Decode placement: the
-  Conductor's default.
+  Scheduler's default.
 """
 
 from __future__ import annotations

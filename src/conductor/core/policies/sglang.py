@@ -30,7 +30,7 @@ what it was sent. Ours reads the *precise* prefix index fed by KV events (``loca
 the instance's GPU + DRAM prefix, the last prompt token never counted as cached), so this
 baseline is, if anything, better informed than SGLang itself. Its "insert the prompt into
 the chosen worker's tree" step has no counterpart: the index learns from events.
-Decode placement: the Conductor's default (SGLang's separate ``--decode-policy`` is not
+Decode placement: the Scheduler's default (SGLang's separate ``--decode-policy`` is not
 modelled).
 """
 

@@ -1,4 +1,4 @@
-"""The facade shells use: :class:`Conductor` — ``schedule()``, ``on_event()`` and instance
+"""The facade shells use: :class:`Scheduler` — ``schedule()``, ``on_event()`` and instance
 membership. Pure: time comes in as ``now_s``, randomness from a seeded ``random.Random``.
 """
 
@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from conductor.core.admission import DecodeForecast
+from conductor.core.chunked_pipeline import PipelinePlan, plan_pipeline
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel
-from conductor.core.cpp import CppPlan, plan_cpp
 from conductor.core.errors import InvalidInput, UnknownInstance
 from conductor.core.events import (
     AllBlocksCleared,
@@ -43,7 +43,7 @@ class _InFlight:
     prefill_done: bool = False
 
 
-class Conductor:
+class Scheduler:
     """Global scheduler: picks (prefill, decode) per request or rejects it.
 
     Invariants: every in-flight request's prefill instance has it queued until
@@ -225,13 +225,13 @@ class Conductor:
             return rejection
         return self._commit(ctx, pre, dec.instance, dec.tbt_s, cpp)
 
-    def _maybe_cpp(self, ctx: SchedulingContext, pre: PrefillChoice) -> CppPlan | None:
+    def _maybe_cpp(self, ctx: SchedulingContext, pre: PrefillChoice) -> PipelinePlan | None:
         slo = ctx.request.ttft_slo_s or self.config.ttft_slo_s
         # the prompt itself, not the queue, must be what misses the SLO: CPP spends more
         # node-time than one node would, so it must not be a cure for overload
         if pre.prefill_s + pre.transfer_s <= self.config.cpp_trigger_fraction * slo:
             return None
-        cpp = plan_cpp(
+        cpp = plan_pipeline(
             self.cost,
             self.instances[pre.instance],
             ctx.prefill_pool,
@@ -320,7 +320,7 @@ class Conductor:
         pre: PrefillChoice,
         decode: InstanceId,
         tbt_s: float,
-        cpp: CppPlan | None = None,
+        cpp: PipelinePlan | None = None,
     ) -> Plan:
         req = ctx.request
         new_tokens = req.prompt_tokens - pre.cached_tokens

@@ -29,7 +29,7 @@ from conductor.core.types import InstanceId
 
 
 @dataclass(frozen=True, slots=True)
-class CppPlan:
+class PipelinePlan:
     nodes: tuple[InstanceId, ...]
     chunk_tokens: tuple[int, ...]
     queue_s: float
@@ -79,7 +79,7 @@ def choose_group(
     return [lead, *others[: size - 1]]
 
 
-def plan_cpp(
+def plan_pipeline(
     cost: CostModel,
     lead: InstanceState,
     pool: Sequence[InstanceState],
@@ -91,7 +91,7 @@ def plan_cpp(
     max_nodes: int,
     max_helper_queue_s: float = float("inf"),
     cross_rack_factor: float = 0.5,
-) -> CppPlan | None:
+) -> PipelinePlan | None:
     """The CPP plan with the smallest predicted queue + prefill time over group sizes
     2..``max_nodes``, or None when the pool is too small or the prompt fits one chunk.
 
@@ -103,7 +103,7 @@ def plan_cpp(
     pool = [i for i in pool if i is lead or i.prefill.queue_s(now_s) <= max_helper_queue_s]
     if len(chunks) < 2 or len(pool) < 2:
         return None
-    best: CppPlan | None = None
+    best: PipelinePlan | None = None
     nic = lead.spec.nic_bytes_per_s or cost.transfer_bytes_per_s
     for size in range(2, min(max_nodes, len(pool)) + 1):
         group = choose_group(lead, pool, size, now_s)
@@ -111,7 +111,7 @@ def plan_cpp(
         bw = nic * (cross_rack_factor if cross else 1.0)
         prefill = pipelined_prefill_s(cost, prompt_tokens, cached_tokens, chunks, size, bw)
         queue = max(g.prefill.queue_s(now_s) for g in group)
-        plan = CppPlan(tuple(g.spec.instance_id for g in group), tuple(chunks), queue, prefill)
+        plan = PipelinePlan(tuple(g.spec.instance_id for g in group), tuple(chunks), queue, prefill)
         if best is None or queue + prefill < best.queue_s + best.prefill_s:
             best = plan
     return best

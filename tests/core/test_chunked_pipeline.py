@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from conductor.core.chunked_pipeline import pipelined_prefill_s, plan_pipeline, split_chunks
 from conductor.core.costmodel import preset
-from conductor.core.cpp import pipelined_prefill_s, plan_cpp, split_chunks
 from conductor.core.state import InstanceSpec, InstanceState
 from conductor.core.types import RequestId, Role
 
@@ -50,7 +50,7 @@ def test_group_is_lead_plus_idle_same_rack_first() -> None:
     pool = _pool(
         {"a": (0.0, "r1"), "b": (0.0, "r2"), "c": (0.5, "r1"), "d": (9.0, "r1"), "e": (0.0, "r1")}
     )
-    plan = plan_cpp(
+    plan = plan_pipeline(
         COST,
         pool[0],
         pool,
@@ -71,8 +71,8 @@ def test_group_is_lead_plus_idle_same_rack_first() -> None:
 def test_no_plan_for_one_chunk_or_no_helpers() -> None:
     pool = _pool({"a": (0.0, "r1"), "b": (5.0, "r1")})
     kw = dict(cached_tokens=0, now_s=0.0, prefill_chunk_tokens=8192, max_nodes=4)
-    assert plan_cpp(COST, pool[0], pool, prompt_tokens=8000, **kw) is None  # type: ignore[arg-type]
+    assert plan_pipeline(COST, pool[0], pool, prompt_tokens=8000, **kw) is None  # type: ignore[arg-type]
     assert (
-        plan_cpp(COST, pool[0], pool, prompt_tokens=100_000, max_helper_queue_s=1.0, **kw)  # type: ignore[arg-type]
+        plan_pipeline(COST, pool[0], pool, prompt_tokens=100_000, max_helper_queue_s=1.0, **kw)  # type: ignore[arg-type]
         is None
     )
