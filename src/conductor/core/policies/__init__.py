@@ -22,6 +22,8 @@ from conductor.core.policies.base import (
     SchedulingContext,
 )
 from conductor.core.policies.registry import (
+    DEFAULT_POLICY,
+    check_policy,
     make_policy,
     policy_config_defaults,
     policy_names,
@@ -29,11 +31,13 @@ from conductor.core.policies.registry import (
 )
 
 __all__ = [
+    "DEFAULT_POLICY",
     "DecodeChoice",
     "DecodePolicy",
     "PrefillChoice",
     "PrefillPolicy",
     "SchedulingContext",
+    "check_policy",
     "make_policy",
     "policy_config_defaults",
     "policy_names",

@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from conductor.core.errors import UnknownPolicy
+from conductor.core.errors import InvalidInput, UnknownPolicy
 from conductor.core.policies.base import PrefillPolicy
 
 _REGISTRY: dict[str, Callable[[], PrefillPolicy]] = {}
+
+DEFAULT_POLICY = "conductor"
+"""The policy every shell (library facade, simulator, gateway, benchmarks, CLI) uses unless
+told otherwise; defined here only."""
 
 P = TypeVar("P")
 
@@ -41,3 +45,12 @@ def policy_config_defaults(name: str) -> dict[str, object]:
         raise UnknownPolicy(name, list(_REGISTRY))
     defaults: dict[str, object] = getattr(_REGISTRY[name], "config_defaults", {})
     return dict(defaults)
+
+
+def check_policy(name: str, field: str = "policy") -> str:
+    """``name`` if it is a registered policy, else :class:`InvalidInput` naming ``field`` and
+    listing the known names (the one place policy names are validated)."""
+    if name not in _REGISTRY:
+        known = ", ".join(sorted(_REGISTRY))
+        raise InvalidInput(field, name, f"unknown policy; known: {known}")
+    return name
