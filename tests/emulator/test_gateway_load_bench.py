@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import shutil
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 
 import httpx
 import pytest
@@ -20,23 +19,14 @@ from conductor.emulator.config import EmulatorConfig
 from tests.emulator.helpers import metric, running_emulator
 from tests.engines.fixtures import REPO_ROOT
 
+BENCH_DIR = REPO_ROOT / "bench"
+sys.path.insert(0, str(BENCH_DIR))  # as running bench/gateway_load.py does: `loadgen` imports
 
-def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "gateway_load", REPO_ROOT / "bench" / "gateway_load.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gateway_load"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from loadgen import cli, cluster, drive, measure, report, spec  # noqa: E402
 
 
-bench = _load_bench()
-
-
-def spec(url: str, client: str, n: int = 30) -> object:
-    return bench.LoadSpec(
+def load(url: str, client: str, n: int = 30) -> spec.LoadSpec:
+    return spec.LoadSpec(
         url=url,
         requests=n,
         duration_s=20.0,
@@ -54,10 +44,10 @@ def spec(url: str, client: str, n: int = 30) -> object:
 @pytest.mark.parametrize("client", ["raw", "httpx"])
 def test_load_generator_against_an_emulator(client: str) -> None:
     with running_emulator(EmulatorConfig(instant=True, model_name="bench"), kv_events=False) as emu:
-        samples = asyncio.run(bench.run_load_async(spec(emu.base_url, client)))
+        samples = asyncio.run(drive.run_load_async(load(emu.base_url, client)))
     assert (len(samples.e2e_s), samples.errors, samples.tokens) == (30, 0, 90)
     assert all(0 < t <= e for t, e in zip(samples.ttft_s, samples.e2e_s, strict=True))
-    summary = bench.summarize(samples)
+    summary = report.summarize(samples)
     assert summary["ok"] == 30 and summary["requests_per_s"] > 0
     assert summary["ttft_p50_ms"] <= summary["e2e_p99_ms"]
 
@@ -66,7 +56,7 @@ def test_load_generator_against_an_emulator(client: str) -> None:
 def test_load_generator_counts_http_errors(client: str) -> None:
     cfg = EmulatorConfig(instant=True, model_name="not-bench")
     with running_emulator(cfg, kv_events=False) as emu:
-        samples = asyncio.run(bench.run_load_async(spec(emu.base_url, client, n=5)))
+        samples = asyncio.run(drive.run_load_async(load(emu.base_url, client, n=5)))
     assert samples.errors == 5 and not samples.e2e_s
     assert "404" in samples.error_examples[0]
 
@@ -78,8 +68,8 @@ def test_wrk_client_against_an_emulator() -> None:
     args = argparse.Namespace(procs=1)
     good = EmulatorConfig(instant=True, model_name="bench")
     with running_emulator(good, kv_events=False) as emu:
-        run = replace(spec(emu.base_url, "wrk"), duration_s=1.0)
-        out = bench.measure(run, args)
+        run = replace(load(emu.base_url, "wrk"), duration_s=1.0)
+        out = measure.measure(run, args)
         with httpx.Client(base_url=emu.base_url) as client:
             queries = metric(client, "vllm:prefix_cache_queries_total")
     assert out["client"] == "wrk" and out["errors"] == 0 and out["ok"] > 0
@@ -88,34 +78,34 @@ def test_wrk_client_against_an_emulator() -> None:
     assert 0 < out["e2e_p50_ms"] <= out["e2e_p99_ms"]
     assert out["ttft_p50_ms"] is None  # wrk sees whole answers only
     with running_emulator(EmulatorConfig(instant=True, model_name="x"), kv_events=False) as emu:
-        bad = bench.measure(replace(spec(emu.base_url, "wrk"), duration_s=1.0), args)
+        bad = measure.measure(replace(load(emu.base_url, "wrk"), duration_s=1.0), args)
     assert bad["ok"] == 0 and bad["errors"] > 0
 
 
 def test_prompts_share_group_prefixes() -> None:
-    s = spec("http://127.0.0.1:1", "raw")
-    a, b, c = (bench.prompt_for(i, s) for i in (0, 2, 1))
+    s = load("http://127.0.0.1:1", "raw")
+    a, b, c = (spec.prompt_for(i, s) for i in (0, 2, 1))
     assert len(a) == len(b) == 80
     assert a[:40] == b[:40] != c[:40] and a != b
 
 
 def test_only_loopback_targets() -> None:
-    bench.check_loopback("http://127.0.0.1:8000")
-    bench.check_loopback("http://localhost:8000")
+    spec.check_loopback("http://127.0.0.1:8000")
+    spec.check_loopback("http://localhost:8000")
     for url in ("http://10.0.0.5:8000", "http://example.com", "http://192.168.1.2:80"):
         with pytest.raises(SystemExit):
-            bench.check_loopback(url)
+            spec.check_loopback(url)
 
 
 def test_gateway_detection_and_command_line() -> None:
-    missing, why = bench.find_serve([sys.executable, "-c", "import sys; sys.exit(2)"])
+    missing, why = cluster.find_serve([sys.executable, "-c", "import sys; sys.exit(2)"])
     assert missing is None and "no `conductor serve`" in why
-    silent, _ = bench.find_serve([sys.executable, "-c", "pass"])  # exits 0, prints no help
+    silent, _ = cluster.find_serve([sys.executable, "-c", "pass"])  # exits 0, prints no help
     assert silent is None
-    serve, _ = bench.find_serve([sys.executable, "-c", "print('--engine TEXT --model-path P')"])
+    serve, _ = cluster.find_serve([sys.executable, "-c", "print('--engine TEXT --model-path P')"])
     assert serve is not None and serve.has("--model-path") and not serve.has("--model")
     engines = [{"url": "http://127.0.0.1:1", "kv_events": "tcp://127.0.0.1:2"}]
-    cmd = bench.gateway_args(
+    cmd = cluster.gateway_args(
         serve,
         engines,
         9,
@@ -141,7 +131,7 @@ def test_gateway_detection_and_command_line() -> None:
 
 def test_direct_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
-    code = bench.main(
+    code = cli.main(
         [
             "--engines",
             "1",
@@ -169,7 +159,7 @@ def test_paired_run_through_the_gateway_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     args = ["--engines", "1", "--paired", "--requests", "20", "--warmup", "2"]
     args += ["--concurrency", "1", "--log-dir", str(tmp_path / "logs"), "--json", str(out)]
-    assert bench.main(args) == 0
+    assert cli.main(args) == 0
     result = json.loads(out.read_text())
     direct, through = result["direct"], result["gateway"]
     assert (direct["ok"], direct["errors"], through["ok"], through["errors"]) == (20, 0, 20, 0)
@@ -192,6 +182,19 @@ def test_paired_run_through_the_gateway_end_to_end(tmp_path: Path) -> None:
 
 def test_paired_needs_the_raw_client_at_concurrency_1() -> None:
     with pytest.raises(SystemExit):
-        bench.parse_args(["--paired", "--concurrency", "4"])
+        cli.parse_args(["--paired", "--concurrency", "4"])
     with pytest.raises(SystemExit):
-        bench.parse_args(["--paired", "--client", "wrk"])
+        cli.parse_args(["--paired", "--client", "wrk"])
+
+
+def test_the_script_runs_the_command_line() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH_DIR / "gateway_load.py"), "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert done.stdout.startswith("usage: gateway_load.py")
+    assert "Load test: completions straight to an emulated engine" in done.stdout
+    assert "--paired" in done.stdout
