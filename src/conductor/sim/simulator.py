@@ -35,6 +35,9 @@ Progress = Callable[[int, int], None]
 
 @dataclass(slots=True)
 class SimResult:
+    """One run: per-request ``records`` (trace order), the ``summary`` metrics (JSON-ready;
+    only ``sim_wall_s`` depends on the machine), samples, and the background ``copies``."""
+
     config: SimConfig
     records: list[RequestRecord]
     summary: dict[str, object]
@@ -62,6 +65,10 @@ def tracked_blocks(requests: Sequence[Request], ranks: Sequence[int]) -> tuple[B
 
 
 class _Simulation:
+    """One run's state: the scheduler, one record per request, the event queue and the
+    two sides it drives. Prefill instances are registered with the scheduler before decode
+    instances; every event is handled at its time, in ``(time, seq)`` order."""
+
     def __init__(self, requests: Sequence[Request], cfg: SimConfig) -> None:
         self.cfg = cfg
         self.requests = requests
@@ -118,7 +125,7 @@ class _Simulation:
                 prefill.on_fetch_done(t, ev.job, ev.fetched)
             elif isinstance(ev, CopyDone):
                 prefill.store_blocks(t, ev.node, ev.hashes)
-            else:
+            else:  # KvEventDue (mypy checks that no other kind is left)
                 self.scheduler.on_event(ev.event)
         if progress is not None:
             progress(n, n)
