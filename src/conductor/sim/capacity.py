@@ -46,7 +46,7 @@ def find_capacity(
     def attainment(speed: float) -> float:
         if speed not in cache:
             res = simulate(scale_arrivals(requests, speed), cfg)
-            cache[speed] = float(res.summary["slo_attainment"])  # type: ignore[arg-type]
+            cache[speed] = res.slo_attainment
             if on_run is not None:
                 on_run(speed, cache[speed])
         return cache[speed]

@@ -124,7 +124,7 @@ def plot_comparison(
         + (f" ({r.summary['admission']})" if r.summary["admission"] != "off" else "")
         for r in results
     ]
-    att = [float(r.summary["slo_attainment"]) for r in results]  # type: ignore[arg-type]
+    att = [r.slo_attainment for r in results]
     bars = ax3.bar(range(len(names)), att, color="tab:blue")
     ax3.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax3.set_ylim(0, 1.05)

@@ -1,0 +1,105 @@
+"""The simulator's events and their queue: what happens next, in one total order.
+
+Each kind of event is a small slotted class with typed fields. The queue is a heap of
+``(time, seq, event)``: ``seq`` counts pushes, so it is unique and breaks every tie and the
+event itself is never compared; a run is a pure function of (requests, config).
+"""
+
+from __future__ import annotations
+
+from heapq import heappop, heappush
+
+from conductor.core.events import Event
+from conductor.core.types import BlockHash, InstanceId
+from conductor.sim.nodes import DecodeNode, Job, PrefillNode
+
+
+class Arrival:
+    """Request ``index`` of the trace arrives."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+class FetchDone:
+    """``fetched`` blocks of ``job``'s prefix arrived at its prefill node."""
+
+    __slots__ = ("fetched", "job")
+
+    def __init__(self, job: Job, fetched: tuple[BlockHash, ...]) -> None:
+        self.job = job
+        self.fetched = fetched
+
+
+class PrefillDone:
+    """``job`` (or its chunked-pipeline stage) finished computing on ``node``."""
+
+    __slots__ = ("job", "node")
+
+    def __init__(self, node: PrefillNode, job: Job) -> None:
+        self.node = node
+        self.job = job
+
+
+class DecodeJoin:
+    """Request ``index``'s KV cache reached decode instance ``decode``."""
+
+    __slots__ = ("decode", "index")
+
+    def __init__(self, decode: InstanceId, index: int) -> None:
+        self.decode = decode
+        self.index = index
+
+
+class DecodeStep:
+    """A batch iteration of ``node`` ended.
+
+    One per decode node, made once and pushed again for every iteration: a node has at most
+    one iteration in flight, so no two copies are ever in the queue (no allocation on the
+    simulator's hottest path)."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: DecodeNode) -> None:
+        self.node = node
+
+
+class KvEventDue:
+    """The scheduler now sees ``event`` (published ``kv_event_delay_s`` earlier)."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
+
+
+class CopyDone:
+    """A background replica copy of ``hashes`` reached ``node``."""
+
+    __slots__ = ("hashes", "node")
+
+    def __init__(self, node: PrefillNode, hashes: tuple[BlockHash, ...]) -> None:
+        self.node = node
+        self.hashes = hashes
+
+
+SimEvent = Arrival | FetchDone | PrefillDone | DecodeJoin | DecodeStep | KvEventDue | CopyDone
+
+
+class EventQueue:
+    """Events by ``(time, seq)``; ``seq`` is the number of pushes so far (unique)."""
+
+    __slots__ = ("heap", "seq")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, SimEvent]] = []
+        self.seq = 0
+
+    def push(self, t: float, event: SimEvent) -> None:
+        self.seq += 1
+        heappush(self.heap, (t, self.seq, event))
+
+    def pop(self) -> tuple[float, int, SimEvent]:
+        return heappop(self.heap)
