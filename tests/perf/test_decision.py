@@ -9,6 +9,8 @@ import math
 import pytest
 from typer.testing import CliRunner
 
+from conductor.cli.main import app
+from conductor.core.policies import DEFAULT_POLICY
 from conductor.perf.decision import (
     BUCKETS,
     bucket_of,
@@ -19,8 +21,6 @@ from conductor.perf.decision import (
     trace_requests,
     warm_events,
 )
-from conductor.cli.main import app
-from conductor.core.policies import DEFAULT_POLICY
 
 KEYS = {
     "prefill",

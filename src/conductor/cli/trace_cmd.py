@@ -11,12 +11,8 @@ import typer
 from conductor.core.errors import ConductorError
 from conductor.workload.analysis import infinite_cache_hits, lru_cache_hits, trace_stats
 from conductor.workload.synth import KINDS, synthesize
-from conductor.workload.trace import (
-    DEFAULT_BLOCK_SIZE_TOKENS,
-    bundled_trace_path,
-    read_trace,
-    write_trace,
-)
+from conductor.workload.trace import bundled_trace_path, read_trace, write_trace
+from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS
 
 __all__ = ["trace_app"]
 

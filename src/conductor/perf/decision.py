@@ -39,12 +39,8 @@ from conductor.core.policies import DEFAULT_POLICY
 from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceSpec
 from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role, Tier
-from conductor.workload.trace import (
-    DEFAULT_BLOCK_SIZE_TOKENS,
-    TraceRecord,
-    bundled_trace_path,
-    read_trace,
-)
+from conductor.workload.trace import bundled_trace_path, read_trace
+from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS, TraceRecord
 
 BUCKETS: tuple[tuple[str, int], ...] = (
     ("<=8", 8),
