@@ -12,7 +12,7 @@ from conductor.cli.fields import config_error
 from conductor.core.costmodel import DEFAULT_PRESET, preset
 from conductor.core.errors import ConductorError, InvalidInput
 from conductor.core.policies import DEFAULT_POLICY, check_policy
-from conductor.perf.decision import format_result, run_repeated
+from conductor.perf.decision import DEFAULT_REQUESTS, DEFAULT_WARMUP, format_result, run_repeated
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks of the scheduler itself.")
 
@@ -25,8 +25,10 @@ def decision(
     prefill: Annotated[int, typer.Option(min=1, help="Prefill instances.")] = 16,
     decode: Annotated[int, typer.Option(min=1, help="Decode instances.")] = 16,
     policy: Annotated[str, typer.Option(help="Prefill policy name.")] = DEFAULT_POLICY,
-    requests: Annotated[int, typer.Option(min=1, help="Requests to time.")] = 5000,
-    warmup: Annotated[int, typer.Option(min=0, help="Untimed requests scheduled first.")] = 100,
+    requests: Annotated[int, typer.Option(min=1, help="Requests to time.")] = DEFAULT_REQUESTS,
+    warmup: Annotated[
+        int, typer.Option(min=0, help="Untimed requests scheduled first.")
+    ] = DEFAULT_WARMUP,
     repeat: Annotated[int, typer.Option(min=1, help="Runs; the median-p99 one is shown.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of block placement and scheduler.")] = 0,
     preset_name: Annotated[

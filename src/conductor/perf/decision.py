@@ -42,6 +42,11 @@ from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role
 from conductor.workload.trace import bundled_trace_path, read_trace
 from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS, TraceRecord
 
+DEFAULT_REQUESTS = 5000
+"""Timed ``schedule()`` calls per run."""
+DEFAULT_WARMUP = 100
+"""Untimed calls before them."""
+
 BUCKETS: tuple[tuple[str, int], ...] = (
     ("<=8", 8),
     ("<=32", 32),
@@ -212,8 +217,8 @@ def run_decision_bench(
     n_decode: int,
     *,
     policy: str = DEFAULT_POLICY,
-    requests: int = 5000,
-    warmup: int = 100,
+    requests: int = DEFAULT_REQUESTS,
+    warmup: int = DEFAULT_WARMUP,
     seed: int = 0,
     preset_name: str = DEFAULT_PRESET,
     finish_every: int = 8,

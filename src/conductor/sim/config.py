@@ -9,6 +9,9 @@ from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, CostModel, preset
 from conductor.core.policies import DEFAULT_POLICY, check_policy
 
+CACHE_CAPACITY_TOKENS = 3_000_000
+"""A prefill instance's DRAM KV cache in FAST §5.3.2 (also ``conductor trace stats``' LRU)."""
+
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
@@ -30,7 +33,7 @@ class SimConfig:
     n_decode: int = 8
     cost: CostModel = field(default_factory=lambda: preset(DEFAULT_PRESET))
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    cache_capacity_tokens: int | None = 3_000_000
+    cache_capacity_tokens: int | None = CACHE_CAPACITY_TOKENS
     kv_event_delay_s: float = 0.0
     prefill_noise: float = 0.0
     seed: int = 0
