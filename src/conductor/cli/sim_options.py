@@ -128,10 +128,10 @@ class ClusterOptions:
     seed: int
     admission: str | None = None
     cpp: bool | None = None
-    replication: bool = False
+    replication: bool = DEFAULTS.scheduler.replication_enabled
     cache_tokens: int | None = None
     unbounded: bool = False
-    kv_event_delay_s: float = 0.0
+    kv_event_delay_s: float = DEFAULTS.kv_event_delay_s
 
 
 def build_config(
