@@ -3,7 +3,7 @@
     python bench/decision.py --prefill 16 --decode 16 [--policy mooncake] [--json out.json]
     python bench/decision.py --sweep [--sizes 4,8,16,32,64,128] [--json sweep.json]
 
-The measuring itself lives in :mod:`conductor.bench_decision` (also behind
+The measuring itself lives in :mod:`conductor.perf.decision` (also behind
 ``conductor bench decision``); this script adds the sweep and its table. Figures only:
 nothing here passes or fails on a timing.
 """
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from conductor.bench_decision import (
+from conductor.perf.decision import (
     BUCKETS,
     DecisionBenchResult,
     format_result,

@@ -161,35 +161,35 @@ def test_admin_token_from_environment(model_dir: Path) -> None:
         ([], "invalid engines=[]: none given (--engine or [[engines]] in --config)"),
         (
             ["--engine", ENGINE, "--policy", "nope"],
-            "invalid policy='nope': unknown; known: ",
+            "invalid --policy='nope': unknown policy; known: ",
         ),
         (
             ["--engine", ENGINE, "--preset", "gpt-9"],
-            "invalid preset='gpt-9': unknown; known: ",
+            "invalid --preset='gpt-9': unknown; known: ",
         ),
         (
             ["--engine", ENGINE, "--ttft-slo-s", "0"],
-            "invalid ttft_slo_s=0.0: must be > 0",
+            "invalid --ttft-slo-s=0.0: must be > 0",
         ),
         (
             ["--engine", ENGINE, "--admission", "maybe"],
-            "invalid admission='maybe': must be one of ('off', 'baseline', 'early', 'predictive')",
+            "invalid --admission='maybe': must be one of: off, baseline, early, predictive",
         ),
         (
             ["--engine", ENGINE, "--admin-token", "short"],
-            "invalid admin_token='<hidden>': must be at least 8 characters",
+            "invalid --admin-token='<hidden>': must be at least 8 characters",
         ),
         (
             ["--engine", ENGINE, "--max-attempts", "0"],
-            "invalid max_attempts=0: must be >= 1",
+            "invalid --max-attempts=0: must be >= 1",
         ),
         (
             ["--engine", ENGINE, "--port", "70000"],
-            "invalid port=70000: must be in 0..65535",
+            "invalid --port=70000: must be in 0..65535",
         ),
         (
             ["--engine", ENGINE, "--prefill-tokens-per-s", "-5"],
-            "invalid prefill_tokens_per_s=-5.0: must be > 0",
+            "invalid --prefill-tokens-per-s=-5.0: must be > 0",
         ),
     ],
     ids=lambda v: v if isinstance(v, str) and len(v) < 20 else None,

@@ -120,11 +120,13 @@ def test_bad_trace_line_names_line_and_field(tmp_path: Path) -> None:
 
 def test_bad_options_are_named() -> None:
     r = runner.invoke(app, ["simulate", "--policy", "nope"])
-    assert r.exit_code == 2 and "--policy" in r.output and "unknown policy 'nope'" in r.output
+    assert r.exit_code == 2
+    assert r.stderr.startswith("error: invalid --policy='nope': unknown policy; known: ")
     r = runner.invoke(app, ["simulate", "--speed", "0"])
     assert r.exit_code == 2 and "--speed" in r.output
     r = runner.invoke(app, ["compare", "--policies", "mooncake,zzz"])
-    assert r.exit_code == 2 and "unknown policy 'zzz'" in r.output
+    assert r.exit_code == 2
+    assert r.stderr.startswith("error: invalid --policies='zzz': unknown policy; known: ")
     r = runner.invoke(app, ["simulate", "--preset", "gpt5"])
     assert r.exit_code == 2 and "--preset" in r.output
     r = runner.invoke(app, ["simulate", "--prefill", "0"])

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from conductor.workload.trace import TraceRecord, bundled_trace_path, read_trace
+from conductor.workload.trace import bundled_trace_path, read_trace
+from conductor.workload.trace_format import TraceRecord
 
 # The project's shared data folder sits next to the checkout (../shared); tests may read it,
 # the product never does.

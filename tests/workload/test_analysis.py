@@ -12,7 +12,7 @@ from conductor.workload.analysis import (
     lru_cache_hits,
     trace_stats,
 )
-from conductor.workload.trace import TraceRecord
+from conductor.workload.trace_format import TraceRecord
 
 # Block size 512. Request lengths make the last block partial where noted.
 SMALL = [

@@ -11,15 +11,10 @@ import pytest
 
 from conductor.core.errors import InvalidInput
 from conductor.workload.analysis import infinite_cache_hits, trace_stats
-from conductor.workload.synth import (
-    KINDS,
-    AgentParams,
-    ChatParams,
-    DocQAParams,
-    MixParams,
-    synthesize,
-)
-from conductor.workload.trace import TraceRecord, read_trace, write_trace
+from conductor.workload.synth import KINDS, synthesize
+from conductor.workload.synth_params import AgentParams, ChatParams, DocQAParams, MixParams
+from conductor.workload.trace import read_trace, write_trace
+from conductor.workload.trace_format import TraceRecord
 
 BLOCK = 512
 

@@ -17,14 +17,13 @@ from conductor.core.errors import ConductorError, InvalidInput
 from conductor.core.types import BlockHash, Request, RequestId
 from conductor.workload.trace import (
     SkippedLine,
-    TraceError,
     TraceReadResult,
-    TraceRecord,
     bundled_trace_path,
     read_trace,
     records_to_requests,
     write_trace,
 )
+from conductor.workload.trace_format import TraceError, TraceRecord
 
 GOOD_1 = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}'
 GOOD_2 = '{"timestamp": 30, "input_length": 512, "output_length": 0, "hash_ids": [0]}'

@@ -8,33 +8,42 @@ from typing import Annotated
 
 import typer
 
-from conductor.bench_decision import format_result, run_repeated
-from conductor.core.costmodel import DEFAULT_PRESET, PRESETS
-from conductor.core.errors import ConductorError
-from conductor.core.policies import policy_names
+from conductor.cli.fields import config_error
+from conductor.core.costmodel import DEFAULT_PRESET, preset
+from conductor.core.errors import ConductorError, InvalidInput
+from conductor.core.policies import DEFAULT_POLICY, check_policy
+from conductor.perf.decision import DEFAULT_REQUESTS, DEFAULT_WARMUP, format_result, run_repeated
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks of the scheduler itself.")
+
+FLAGS = {"policy": "--policy", "preset": "--preset"}
+"""Option names of the fields ``conductor bench decision`` reports errors for."""
 
 
 @bench_app.command("decision")
 def decision(
     prefill: Annotated[int, typer.Option(min=1, help="Prefill instances.")] = 16,
     decode: Annotated[int, typer.Option(min=1, help="Decode instances.")] = 16,
-    policy: Annotated[str, typer.Option(help="Prefill policy name.")] = "mooncake",
-    requests: Annotated[int, typer.Option(min=1, help="Requests to time.")] = 5000,
-    warmup: Annotated[int, typer.Option(min=0, help="Untimed requests scheduled first.")] = 100,
+    policy: Annotated[str, typer.Option(help="Prefill policy name.")] = DEFAULT_POLICY,
+    requests: Annotated[int, typer.Option(min=1, help="Requests to time.")] = DEFAULT_REQUESTS,
+    warmup: Annotated[
+        int, typer.Option(min=0, help="Untimed requests scheduled first.")
+    ] = DEFAULT_WARMUP,
     repeat: Annotated[int, typer.Option(min=1, help="Runs; the median-p99 one is shown.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of block placement and scheduler.")] = 0,
-    preset: Annotated[str, typer.Option(help="Cost-model preset.")] = DEFAULT_PRESET,
+    preset_name: Annotated[
+        str, typer.Option("--preset", help="Cost-model preset.")
+    ] = DEFAULT_PRESET,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the result as JSON.")
     ] = None,
 ) -> None:
     """Time schedule() and the KV-event ingest rate on the bundled Mooncake trace."""
-    if policy not in policy_names():
-        raise typer.BadParameter(f"unknown policy; known: {', '.join(policy_names())}")
-    if preset not in PRESETS:
-        raise typer.BadParameter(f"unknown preset; known: {', '.join(sorted(PRESETS))}")
+    try:
+        check_policy(policy)
+        preset(preset_name)
+    except InvalidInput as exc:
+        raise config_error(exc, FLAGS) from None
     try:
         result = run_repeated(
             prefill,
@@ -44,7 +53,7 @@ def decision(
             requests=requests,
             warmup=warmup,
             seed=seed,
-            preset_name=preset,
+            preset_name=preset_name,
         )
     except ConductorError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -18,11 +18,11 @@ from typing import Annotated
 import typer
 
 from conductor.cli.serve_config import DEFAULTS, ServeSettings, build_settings
+from conductor.core.costmodel import PRESETS
 from conductor.core.errors import ConductorError
 from conductor.core.policies import policy_names
 from conductor.core.policies.colocated import ColocatedDecode
 from conductor.core.scheduler import Scheduler
-from conductor.gateway.costs import preset_names
 
 ADMIN_TOKEN_ENV = "CONDUCTOR_ADMIN_TOKEN"
 SHUTDOWN_GRACE_S = 10.0
@@ -66,6 +66,18 @@ def run_server(settings: ServeSettings) -> None:
     run(main)
 
 
+def _default(key: str) -> str:
+    """A key's default as the help shows it: ``30`` for 30.0, ``off`` for False, ``4 MiB``."""
+    value = DEFAULTS[key]
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if key == "max_body_bytes" and isinstance(value, int) and value % (1 << 20) == 0:
+        return f"{value >> 20} MiB"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
 def _fail(message: str) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(2)
@@ -97,12 +109,12 @@ def register(app: typer.Typer) -> None:
         ] = None,
         block_size: Annotated[
             int | None,
-            typer.Option("--block-size", help=f"engines' KV block size [{DEFAULTS['block_size']}]"),
+            typer.Option("--block-size", help=f"engines' KV block size [{_default('block_size')}]"),
         ] = None,
         policy: Annotated[
             str | None,
             typer.Option(
-                "--policy", help=f"{', '.join(sorted(policy_names()))} [{DEFAULTS['policy']}]"
+                "--policy", help=f"{', '.join(sorted(policy_names()))} [{_default('policy')}]"
             ),
         ] = None,
         admission: Annotated[
@@ -112,7 +124,7 @@ def register(app: typer.Typer) -> None:
         preset: Annotated[
             str | None,
             typer.Option(
-                "--preset", help=f"cost model: {', '.join(preset_names())} [{DEFAULTS['preset']}]"
+                "--preset", help=f"cost model: {', '.join(sorted(PRESETS))} [{_default('preset')}]"
             ),
         ] = None,
         prefill_tokens_per_s: Annotated[
@@ -124,10 +136,10 @@ def register(app: typer.Typer) -> None:
             typer.Option("--decode-step-ms", help="calibrate: measured decode step time"),
         ] = None,
         ttft_slo_s: Annotated[
-            float | None, typer.Option("--ttft-slo-s", help="TTFT SLO [30]")
+            float | None, typer.Option("--ttft-slo-s", help=f"TTFT SLO [{_default('ttft_slo_s')}]")
         ] = None,
         tbt_slo_ms: Annotated[
-            float | None, typer.Option("--tbt-slo-ms", help="TBT SLO [100]")
+            float | None, typer.Option("--tbt-slo-ms", help=f"TBT SLO [{_default('tbt_slo_ms')}]")
         ] = None,
         admin_token: Annotated[
             str | None,
@@ -138,39 +150,59 @@ def register(app: typer.Typer) -> None:
                 help="bearer token of the admin API (none: admin API disabled)",
             ),
         ] = None,
-        host: Annotated[str | None, typer.Option("--host", help="[127.0.0.1]")] = None,
-        port: Annotated[int | None, typer.Option("--port", help="[8000]")] = None,
+        host: Annotated[str | None, typer.Option("--host", help=f"[{_default('host')}]")] = None,
+        port: Annotated[int | None, typer.Option("--port", help=f"[{_default('port')}]")] = None,
         max_body_bytes: Annotated[
-            int | None, typer.Option("--max-body-bytes", help="[4 MiB]")
+            int | None, typer.Option("--max-body-bytes", help=f"[{_default('max_body_bytes')}]")
         ] = None,
         request_timeout_s: Annotated[
-            float | None, typer.Option("--request-timeout-s", help="per request [600]")
+            float | None,
+            typer.Option(
+                "--request-timeout-s", help=f"per request [{_default('request_timeout_s')}]"
+            ),
         ] = None,
         read_timeout_s: Annotated[
-            float | None, typer.Option("--read-timeout-s", help="between upstream bytes [300]")
+            float | None,
+            typer.Option(
+                "--read-timeout-s",
+                help=f"between upstream bytes [{_default('read_timeout_s')}]",
+            ),
         ] = None,
         connect_timeout_s: Annotated[
-            float | None, typer.Option("--connect-timeout-s", help="[5]")
+            float | None,
+            typer.Option("--connect-timeout-s", help=f"[{_default('connect_timeout_s')}]"),
         ] = None,
         max_attempts: Annotated[
-            int | None, typer.Option("--max-attempts", help="schedules per request [3]")
+            int | None,
+            typer.Option(
+                "--max-attempts", help=f"schedules per request [{_default('max_attempts')}]"
+            ),
         ] = None,
         kv_transfer_params: Annotated[
             bool | None,
             typer.Option(
                 "--kv-transfer-params/--no-kv-transfer-params",
-                help="P/D legs carry kv_transfer_params (NIXL/Mooncake connectors) [off]",
+                help="P/D legs carry kv_transfer_params (NIXL/Mooncake connectors) "
+                f"[{_default('kv_transfer_params')}]",
             ),
         ] = None,
         health_interval_s: Annotated[
-            float | None, typer.Option("--health-interval-s", help="[2]")
+            float | None,
+            typer.Option("--health-interval-s", help=f"[{_default('health_interval_s')}]"),
         ] = None,
         load_interval_s: Annotated[
-            float | None, typer.Option("--load-interval-s", help="engine /metrics polls [1]")
+            float | None,
+            typer.Option(
+                "--load-interval-s",
+                help=f"engine /metrics polls [{_default('load_interval_s')}]",
+            ),
         ] = None,
-        seed: Annotated[int | None, typer.Option("--seed", help="scheduler seed [0]")] = None,
+        seed: Annotated[
+            int | None, typer.Option("--seed", help=f"scheduler seed [{_default('seed')}]")
+        ] = None,
         log_level: Annotated[
-            str | None, typer.Option("--log-level", help="debug|info|warning|error [info]")
+            str | None,
+            typer.Option("--log-level", help=f"debug|info|warning|error [{_default('log_level')}]"),
         ] = None,
         check: Annotated[
             bool, typer.Option("--check", help="print the resolved configuration and exit")

@@ -5,7 +5,10 @@ Engines come from the TOML ``[[engines]]`` tables followed by each ``--engine`` 
 
     --engine http://10.0.0.5:8000,role=prefill,kv_events=tcp://10.0.0.5:5557,block_size=32
 
-Every problem raises :class:`~conductor.core.errors.InvalidInput` naming the field and value.
+Each key's default is read off the config dataclass field it sets (:data:`KEYS`), and the
+dataclasses check the values: every problem raises
+:class:`~conductor.core.errors.InvalidInput` naming the option (``--port``) or TOML key
+(``gateway.port``) the value came from, and the value.
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from conductor.core.config import ADMISSION_MODES, SchedulerConfig
-from conductor.core.costmodel import DEFAULT_PRESET, CostModel
+from conductor.cli.fields import field_default, renamed
+from conductor.core.checks import check_choice, check_positive
+from conductor.core.config import SchedulerConfig
+from conductor.core.costmodel import DEFAULT_PRESET, CostModel, preset
 from conductor.core.errors import InvalidInput
-from conductor.core.policies import policy_config_defaults, policy_names
+from conductor.core.policies import DEFAULT_POLICY, check_policy, policy_config_defaults
 from conductor.gateway.config import (
     EngineConfig,
     GatewayConfig,
@@ -26,40 +32,88 @@ from conductor.gateway.config import (
     UpstreamConfig,
     engine_from_mapping,
 )
-from conductor.gateway.costs import gateway_preset, with_overrides
+from conductor.gateway.costs import with_overrides
 from conductor.gateway.tokenizer import read_max_model_len
 
-DEFAULTS: dict[str, object] = {
-    "model_name": None,  # the model folder's name
-    "max_model_len": None,  # the model's config.json
-    "block_size": 16,  # vLLM's default on GPUs; the CPU backend needs a multiple of 32
-    "policy": "conductor",
-    "admission": None,  # the policy's own
-    "preset": DEFAULT_PRESET,  # tiny-cpu for the tests' CPU model
-    "prefill_tokens_per_s": None,
-    "decode_step_ms": None,
-    "ttft_slo_s": 30.0,
-    "tbt_slo_ms": 100.0,
-    "seed": 0,
-    "host": "127.0.0.1",
-    "port": 8000,
-    "admin_token": None,
-    "max_body_bytes": 4 * 1024 * 1024,
-    "connect_timeout_s": 5.0,
-    "read_timeout_s": 300.0,
-    "request_timeout_s": 600.0,
-    "max_attempts": 3,
-    "kv_transfer_params": False,
-    "health_interval_s": 2.0,
-    "health_timeout_s": 2.0,
-    "load_interval_s": 1.0,
-    "kv_queue_size": 10_000,
-    "log_level": "info",
-}
-"""Every ``[gateway]`` key (and its command-line option, dashes for underscores) with its
-default; ``model_path`` is required and has none."""
-KEYS = ("model_path", *DEFAULTS)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """The options of ``conductor serve`` that no library config holds, with their defaults.
+
+    ``model_name`` None: the model folder's name; ``max_model_len`` None: the model's
+    ``config.json``; ``admission`` None: the policy's own; ``preset``: a
+    :data:`~conductor.core.costmodel.PRESETS` name (``tiny-cpu`` for the tests' CPU model),
+    recalibrated by ``prefill_tokens_per_s`` / ``decode_step_ms`` when given. Invariant:
+    ``policy`` is registered, ``preset`` exists, ``log_level`` is one of :data:`LOG_LEVELS`.
+    """
+
+    model_path: str | None = None
+    model_name: str | None = None
+    max_model_len: int | None = None
+    policy: str = DEFAULT_POLICY
+    admission: str | None = None
+    preset: str = DEFAULT_PRESET
+    prefill_tokens_per_s: float | None = None
+    decode_step_ms: float | None = None
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        check_policy(self.policy)
+        preset(self.preset)
+        check_choice("log_level", self.log_level, LOG_LEVELS)
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """A ``[gateway]`` key (and its option, dashes for underscores): the config field it
+    sets and the factor from the field's unit to the key's (``tbt_slo_ms``: 1000)."""
+
+    config: type[Any]
+    field: str
+    scale: float = 1.0
+
+    def default(self) -> object:
+        value = field_default(self.config, self.field)
+        if self.scale != 1.0 and isinstance(value, int | float):
+            return value * self.scale
+        return value
+
+
+KEYS: dict[str, Key] = {
+    "model_path": Key(ServeOptions, "model_path"),
+    "model_name": Key(ServeOptions, "model_name"),
+    "max_model_len": Key(ServeOptions, "max_model_len"),
+    "block_size": Key(EngineConfig, "block_size_tokens"),
+    "policy": Key(ServeOptions, "policy"),
+    "admission": Key(ServeOptions, "admission"),
+    "preset": Key(ServeOptions, "preset"),
+    "prefill_tokens_per_s": Key(ServeOptions, "prefill_tokens_per_s"),
+    "decode_step_ms": Key(ServeOptions, "decode_step_ms"),
+    "ttft_slo_s": Key(SchedulerConfig, "ttft_slo_s"),
+    "tbt_slo_ms": Key(SchedulerConfig, "tbt_slo_s", 1e3),
+    "seed": Key(SchedulerConfig, "seed"),
+    "host": Key(GatewayConfig, "host"),
+    "port": Key(GatewayConfig, "port"),
+    "admin_token": Key(GatewayConfig, "admin_token"),
+    "max_body_bytes": Key(GatewayConfig, "max_body_bytes"),
+    "connect_timeout_s": Key(UpstreamConfig, "connect_timeout_s"),
+    "read_timeout_s": Key(UpstreamConfig, "read_timeout_s"),
+    "request_timeout_s": Key(UpstreamConfig, "request_timeout_s"),
+    "max_attempts": Key(UpstreamConfig, "max_attempts"),
+    "kv_transfer_params": Key(UpstreamConfig, "kv_transfer_params"),
+    "health_interval_s": Key(MonitorConfig, "health_interval_s"),
+    "health_timeout_s": Key(MonitorConfig, "health_timeout_s"),
+    "load_interval_s": Key(MonitorConfig, "load_interval_s"),
+    "kv_queue_size": Key(MonitorConfig, "kv_queue_size"),
+    "log_level": Key(ServeOptions, "log_level"),
+}
+"""Every ``[gateway]`` key and its command-line option; ``model_path`` is required."""
+DEFAULTS: dict[str, object] = {key: k.default() for key, k in KEYS.items()}
+"""Each key's default, read off the config dataclasses."""
+FIELD_KEYS = {"block_size_tokens": "block_size", "tbt_slo_s": "tbt_slo_ms"}
+"""Config fields whose key has another name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +163,7 @@ def load_toml(path: Path) -> tuple[dict[str, object], list[Mapping[str, object]]
         raise InvalidInput("gateway", gateway, "must be a table")
     for key in gateway:
         if key not in KEYS:
-            raise InvalidInput(f"gateway.{key}", gateway[key], f"unknown key; known: {KEYS}")
+            raise InvalidInput(f"gateway.{key}", gateway[key], f"unknown key; known: {tuple(KEYS)}")
     engines = data.get("engines", [])
     if not isinstance(engines, list) or not all(isinstance(e, dict) for e in engines):
         raise InvalidInput("engines", engines, "must be an array of tables ([[engines]])")
@@ -134,24 +188,36 @@ def parse_engine_spec(spec: str) -> dict[str, object]:
     return values
 
 
-def _pick(name: str, cli: Mapping[str, object | None], toml: Mapping[str, object]) -> object | None:
-    value = cli.get(name)
-    if value is not None:
-        return value
-    if name in toml:
-        return toml[name]
-    return DEFAULTS.get(name)
-
-
 class _Values:
-    """Typed access to the resolved options (see :func:`_pick`)."""
+    """Typed access to the resolved options: a command-line option, else the TOML
+    ``[gateway]`` key, else the default (:data:`DEFAULTS`)."""
 
     def __init__(self, cli: Mapping[str, object | None], toml: Mapping[str, object]) -> None:
         self.cli = cli
         self.toml = toml
 
     def raw(self, name: str) -> object | None:
-        return _pick(name, self.cli, self.toml)
+        value = self.cli.get(name)
+        if value is not None:
+            return value
+        if name in self.toml:
+            return self.toml[name]
+        return DEFAULTS.get(name)
+
+    def where(self, name: str) -> str:
+        """How the user wrote key ``name``: ``--the-option``, ``gateway.the_key``, or just
+        the key when its default is used."""
+        if self.cli.get(name) is not None:
+            return "--" + name.replace("_", "-")
+        if name in self.toml:
+            return f"gateway.{name}"
+        return name
+
+    def renamed(self, exc: InvalidInput) -> InvalidInput:
+        """``exc`` naming the option or TOML key the faulty value came from."""
+        names = {key: self.where(key) for key in KEYS}
+        names.update({field: self.where(key) for field, key in FIELD_KEYS.items()})
+        return renamed(exc, names, {"tbt_slo_s": self.raw("tbt_slo_ms")})
 
     def opt_str(self, name: str) -> str | None:
         value = self.raw(name)
@@ -205,29 +271,22 @@ def build_settings(
     engine_specs: list[str],
     config_path: Path | None = None,
 ) -> ServeSettings:
-    """Resolve options (see the module docstring) into :class:`ServeSettings`."""
+    """Resolve options (see the module docstring) into :class:`ServeSettings`; an
+    :class:`InvalidInput` names the option or key the faulty value came from."""
     toml: dict[str, object] = {}
     toml_engines: list[Mapping[str, object]] = []
     if config_path is not None:
         toml, toml_engines = load_toml(config_path)
-
     v = _Values(cli, toml)
-    raw_path = v.opt_str("model_path")
-    if raw_path is None:
-        raise InvalidInput("model_path", None, "is required (--model-path or gateway.model_path)")
-    model_path = Path(raw_path)
-    if not model_path.is_dir():
-        raise InvalidInput("model_path", str(model_path), "is not a directory")
-    block_size = v.int_("block_size")
-    if block_size <= 0:
-        raise InvalidInput("block_size", block_size, "must be > 0")
-    max_model_len = v.opt_int("max_model_len")
-    if max_model_len is None:
-        max_model_len = read_max_model_len(model_path)
-    if max_model_len is None:
-        raise InvalidInput("max_model_len", None, f"not in {model_path}/config.json; set it")
-    model_name = v.opt_str("model_name") or model_path.resolve().name
+    try:
+        return _build(v, toml_engines, engine_specs)
+    except InvalidInput as exc:
+        raise v.renamed(exc) from None
 
+
+def _engines(
+    block_size: int, toml_engines: list[Mapping[str, object]], engine_specs: list[str]
+) -> tuple[EngineConfig, ...]:
     engines: list[EngineConfig] = []
     for i, values in enumerate(toml_engines):
         engines.append(
@@ -243,38 +302,60 @@ def build_settings(
         )
     if not engines:
         raise InvalidInput("engines", [], "none given (--engine or [[engines]] in --config)")
+    return tuple(engines)
 
-    policy = v.str_("policy")
-    if policy not in policy_names():
-        raise InvalidInput("policy", policy, f"unknown; known: {', '.join(sorted(policy_names()))}")
-    admission = v.opt_str("admission")
-    if admission is not None and admission not in ADMISSION_MODES:
-        raise InvalidInput("admission", admission, f"must be one of {ADMISSION_MODES}")
-    defaults = policy_config_defaults(policy)
-    log_level = v.str_("log_level").lower()
-    if log_level not in LOG_LEVELS:
-        raise InvalidInput("log_level", log_level, f"must be one of {LOG_LEVELS}")
 
-    cost = with_overrides(
-        gateway_preset(v.str_("preset")),
+def _build(
+    v: _Values, toml_engines: list[Mapping[str, object]], engine_specs: list[str]
+) -> ServeSettings:
+    raw_path = v.opt_str("model_path")
+    if raw_path is None:
+        raise InvalidInput("model_path", None, "is required (--model-path or gateway.model_path)")
+    model_path = Path(raw_path)
+    if not model_path.is_dir():
+        raise InvalidInput("model_path", str(model_path), "is not a directory")
+    # Checked here as well as by GatewayConfig: the engines inherit it before that is built.
+    block_size = v.int_("block_size")
+    check_positive("block_size", block_size)
+    max_model_len = v.opt_int("max_model_len")
+    if max_model_len is None:
+        max_model_len = read_max_model_len(model_path)
+    if max_model_len is None:
+        raise InvalidInput("max_model_len", None, f"not in {model_path}/config.json; set it")
+    engines = _engines(block_size, toml_engines, engine_specs)
+
+    options = ServeOptions(
+        model_path=raw_path,
+        model_name=v.opt_str("model_name"),
+        max_model_len=max_model_len,
+        policy=v.str_("policy"),
+        admission=v.opt_str("admission"),
+        preset=v.str_("preset"),
         prefill_tokens_per_s=v.opt_float("prefill_tokens_per_s"),
         decode_step_ms=v.opt_float("decode_step_ms"),
+        log_level=v.str_("log_level").lower(),
     )
+    cost = with_overrides(
+        preset(options.preset),
+        prefill_tokens_per_s=options.prefill_tokens_per_s,
+        decode_step_ms=options.decode_step_ms,
+    )
+    defaults = policy_config_defaults(options.policy)
     scheduler = SchedulerConfig(
         block_size_tokens=block_size,
         ttft_slo_s=v.float_("ttft_slo_s"),
         tbt_slo_s=v.float_("tbt_slo_ms") / 1e3,
-        admission=admission or str(defaults.get("admission", "off")),
+        admission=options.admission or str(defaults.get("admission", "off")),
         # Chunked pipeline parallel prefill spans engines; vLLM cannot run it, so plans must
         # not contain it whatever the policy's defaults say.
         cpp_enabled=False,
         seed=v.int_("seed"),
     )
     gateway = GatewayConfig(
-        model_name=model_name,
+        model_name=options.model_name or model_path.resolve().name,
         max_model_len=max_model_len,
         block_size_tokens=block_size,
-        engines=tuple(engines),
+        engines=engines,
         host=v.str_("host"),
         port=v.int_("port"),
         admin_token=v.opt_str("admin_token"),
@@ -293,4 +374,4 @@ def build_settings(
             kv_queue_size=v.int_("kv_queue_size"),
         ),
     )
-    return ServeSettings(gateway, scheduler, cost, policy, model_path, log_level)
+    return ServeSettings(gateway, scheduler, cost, options.policy, model_path, options.log_level)

@@ -5,16 +5,40 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from conductor.core.config import SchedulerConfig
-from conductor.core.costmodel import DEFAULT_PRESET, PRESETS, preset
-from conductor.core.errors import ConductorError
-from conductor.core.policies import policy_config_defaults, policy_names
+from conductor.cli.fields import config_error
+from conductor.cli.sim_options import (
+    DEFAULT_TBT_SLO_MS,
+    DEFAULTS,
+    AdmissionOpt,
+    CacheOpt,
+    ClusterOptions,
+    CppOpt,
+    DecodeOpt,
+    DelayOpt,
+    JsonOpt,
+    LimitOpt,
+    PrefillOpt,
+    PresetOpt,
+    ReplOpt,
+    SeedOpt,
+    SkipOpt,
+    SpeedOpt,
+    TbtOpt,
+    TraceOpt,
+    TtftOpt,
+    UnboundedOpt,
+    build_config,
+    load_requests,
+)
+from conductor.core.costmodel import DEFAULT_PRESET
+from conductor.core.errors import InvalidInput
+from conductor.core.policies import check_policy, policy_names
 from conductor.core.types import Request
 from conductor.sim.capacity import find_capacity
 from conductor.sim.config import SimConfig
@@ -27,14 +51,9 @@ from conductor.sim.report import (
     write_json,
 )
 from conductor.sim.simulator import Progress, SimResult, simulate
-from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
 
 PAPER_POLICIES = ("random", "least_loaded", "cache_aware_local", "mooncake")
 PEER_POLICIES = ("round_robin", "weighted", "dynamo", "sglang", "lmetric", "llmd", "preble")
-
-
-def default_policy() -> str:
-    return "conductor" if "conductor" in policy_names() else "mooncake"
 
 
 def default_compare_policies() -> list[str]:
@@ -43,137 +62,12 @@ def default_compare_policies() -> list[str]:
     return [p for p in order if p in names]
 
 
-TraceOpt = Annotated[
-    Path | None, typer.Option("--trace", help="Mooncake JSONL trace (default: bundled)")
-]
-PrefillOpt = Annotated[int, typer.Option("--prefill", help="prefill instances")]
-DecodeOpt = Annotated[int, typer.Option("--decode", help="decode instances")]
-PresetOpt = Annotated[
-    str, typer.Option("--preset", help=f"cost model preset: {', '.join(sorted(PRESETS))}")
-]
-TtftOpt = Annotated[float, typer.Option("--ttft-slo-s", help="TTFT SLO in seconds")]
-TbtOpt = Annotated[float, typer.Option("--tbt-slo-ms", help="TBT SLO in milliseconds")]
-SpeedOpt = Annotated[float, typer.Option("--speed", help="replay speed (2 = twice the rate)")]
-LimitOpt = Annotated[int | None, typer.Option("--limit", help="use only the first N requests")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="random seed")]
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="write results as JSON here")]
-AdmissionOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--admission",
-        help="off|baseline|early|predictive (default: the policy's own; off for baselines)",
-    ),
-]
-ReplOpt = Annotated[
-    bool,
-    typer.Option("--replication/--no-replication", help="background hot-spot replication"),
-]
-CppOpt = Annotated[
-    bool | None,
-    typer.Option("--cpp/--no-cpp", help="chunked pipeline parallel prefill (default: policy's)"),
-]
-SkipOpt = Annotated[
-    bool, typer.Option("--skip-invalid", help="skip malformed trace lines and count them")
-]
-CacheOpt = Annotated[
-    int | None,
-    typer.Option("--cache-tokens", help="KV cache per prefill instance in tokens (default 3M)"),
-]
-UnboundedOpt = Annotated[
-    bool, typer.Option("--unbounded-cache", help="prefill caches without capacity limit")
-]
-DelayOpt = Annotated[
-    float, typer.Option("--kv-event-delay-s", help="delay of KV events to the scheduler")
-]
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
-
-
-def _check_policy(name: str, option: str = "--policy") -> None:
-    if name not in policy_names():
-        raise typer.BadParameter(
-            f"unknown policy {name!r}; known: {', '.join(sorted(policy_names()))}",
-            param_hint=option,
-        )
-
-
-def load_requests(
-    trace: Path | None, limit: int | None, speed: float, skip_invalid: bool
-) -> list[Request]:
-    if speed <= 0:
-        raise typer.BadParameter(f"must be > 0, got {speed}", param_hint="--speed")
-    if limit is not None and limit <= 0:
-        raise typer.BadParameter(f"must be > 0, got {limit}", param_hint="--limit")
-    path = trace if trace is not None else bundled_trace_path()
-    if not path.exists():
-        raise typer.BadParameter(f"no such file: {path}", param_hint="--trace")
-    try:
-        result = read_trace(path, limit=limit, skip_invalid=skip_invalid)
-        if result.skipped:
-            typer.echo(f"skipped {len(result.skipped)} invalid line(s)", err=True)
-        if not result.records:
-            raise _fail(f"trace {path} has no valid requests")
-        return records_to_requests(result.records, speed=speed)
-    except ConductorError as exc:
-        raise _fail(f"{path}: {exc}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterOptions:
-    """The cluster, SLO and scheduler options ``simulate``, ``compare`` and ``capacity``
-    share (as given on the command line)."""
-
-    prefill: int
-    decode: int
-    preset_name: str
-    ttft_slo_s: float
-    tbt_slo_ms: float
-    seed: int
-    admission: str | None = None
-    cpp: bool | None = None
-    replication: bool = False
-    cache_tokens: int | None = None
-    unbounded: bool = False
-    kv_event_delay_s: float = 0.0
-
-
-def build_config(o: ClusterOptions, policy: str, *, sample_every_s: float = 0.0) -> SimConfig:
-    """The simulated cluster; settings left as None take the policy's own defaults
-    (``conductor`` brings admission and CPP), then the global ones."""
-    try:
-        cost = preset(o.preset_name)
-    except ConductorError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--preset") from None
-    for value, hint in ((o.prefill, "--prefill"), (o.decode, "--decode")):
-        if value <= 0:
-            raise typer.BadParameter(f"must be >= 1, got {value}", param_hint=hint)
-    defaults = policy_config_defaults(policy)
-    try:
-        sched = SchedulerConfig(
-            ttft_slo_s=o.ttft_slo_s,
-            tbt_slo_s=o.tbt_slo_ms / 1e3,
-            admission=o.admission or str(defaults.get("admission", "off")),
-            cpp_enabled=bool(defaults.get("cpp_enabled", False)) if o.cpp is None else o.cpp,
-            replication_enabled=o.replication,
-            seed=o.seed,
-        )
-        return SimConfig(
-            policy=policy,
-            n_prefill=o.prefill,
-            n_decode=o.decode,
-            cost=cost,
-            scheduler=sched,
-            cache_capacity_tokens=None if o.unbounded else (o.cache_tokens or 3_000_000),
-            kv_event_delay_s=o.kv_event_delay_s,
-            seed=o.seed,
-            load_sample_every_s=sample_every_s,
-            replica_sample_every_s=30.0 if sample_every_s > 0 else 0.0,
-        )
-    except ConductorError as exc:
-        raise _fail(str(exc)) from None
+def _check_policies(names: list[str], flag: str) -> None:
+    for name in names:
+        try:
+            check_policy(name)
+        except InvalidInput as exc:
+            raise config_error(exc, {"policy": flag}) from None
 
 
 @contextmanager
@@ -213,36 +107,36 @@ def register(app: typer.Typer) -> None:
     def simulate_cmd(
         trace: TraceOpt = None,
         policy: Annotated[str | None, typer.Option("--policy", help="scheduling policy")] = None,
-        prefill: PrefillOpt = 8,
-        decode: DecodeOpt = 8,
+        prefill: PrefillOpt = DEFAULTS.n_prefill,
+        decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
-        ttft_slo_s: TtftOpt = 30.0,
-        tbt_slo_ms: TbtOpt = 100.0,
+        ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
+        tbt_slo_ms: TbtOpt = DEFAULT_TBT_SLO_MS,
         speed: SpeedOpt = 1.0,
         limit: LimitOpt = None,
-        seed: SeedOpt = 0,
+        seed: SeedOpt = DEFAULTS.seed,
         json_path: JsonOpt = None,
         admission: AdmissionOpt = None,
         cpp: CppOpt = None,
-        replication: ReplOpt = False,
+        replication: ReplOpt = DEFAULTS.scheduler.replication_enabled,
         skip_invalid: SkipOpt = False,
         cache_tokens: CacheOpt = None,
         unbounded_cache: UnboundedOpt = False,
-        kv_event_delay_s: DelayOpt = 0.0,
+        kv_event_delay_s: DelayOpt = DEFAULTS.kv_event_delay_s,
         load_plot: Annotated[
             Path | None,
             typer.Option("--load-plot", help="PNG of prefill/decode load and replicas over time"),
         ] = None,
     ) -> None:
         """Replay a trace through a simulated P/D cluster with one policy."""
-        name = policy or default_policy()
-        _check_policy(name)
+        name = policy or DEFAULTS.policy
+        _check_policies([name], "--policy")
         requests = load_requests(trace, limit, speed, skip_invalid)
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
             replication, cache_tokens, unbounded_cache, kv_event_delay_s,
         )  # fmt: skip
-        cfg = build_config(options, name, sample_every_s=10.0 if load_plot is not None else 0.0)
+        cfg = build_config(options, name, load_plot=load_plot is not None)
         res = _run(requests, cfg)
         print_table([res.summary])
         _print_extras(res.summary)
@@ -258,14 +152,14 @@ def register(app: typer.Typer) -> None:
         policies: Annotated[
             str | None, typer.Option("--policies", help="comma-separated policy names")
         ] = None,
-        prefill: PrefillOpt = 8,
-        decode: DecodeOpt = 8,
+        prefill: PrefillOpt = DEFAULTS.n_prefill,
+        decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
-        ttft_slo_s: TtftOpt = 30.0,
-        tbt_slo_ms: TbtOpt = 100.0,
+        ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
+        tbt_slo_ms: TbtOpt = DEFAULT_TBT_SLO_MS,
         speed: SpeedOpt = 1.0,
         limit: LimitOpt = None,
-        seed: SeedOpt = 0,
+        seed: SeedOpt = DEFAULTS.seed,
         json_path: JsonOpt = None,
         plot: Annotated[Path | None, typer.Option("--plot", help="write a PNG here")] = None,
         markdown: Annotated[
@@ -277,11 +171,11 @@ def register(app: typer.Typer) -> None:
             typer.Option("--admissions", help="run each policy under each of these modes"),
         ] = None,
         cpp: CppOpt = None,
-        replication: ReplOpt = False,
+        replication: ReplOpt = DEFAULTS.scheduler.replication_enabled,
         skip_invalid: SkipOpt = False,
         cache_tokens: CacheOpt = None,
         unbounded_cache: UnboundedOpt = False,
-        kv_event_delay_s: DelayOpt = 0.0,
+        kv_event_delay_s: DelayOpt = DEFAULTS.kv_event_delay_s,
     ) -> None:
         """Run several policies on identical input and print one table."""
         names = (
@@ -291,8 +185,7 @@ def register(app: typer.Typer) -> None:
         )
         if not names:
             raise typer.BadParameter("no policy given", param_hint="--policies")
-        for n in names:
-            _check_policy(n, "--policies")
+        _check_policies(names, "--policies")
         requests = load_requests(trace, limit, speed, skip_invalid)
         modes: list[str | None] = (
             [m.strip() for m in admissions.split(",") if m.strip()] if admissions else [admission]
@@ -303,7 +196,7 @@ def register(app: typer.Typer) -> None:
         )  # fmt: skip
         results: list[SimResult] = []
         for name, mode in [(n, m) for n in names for m in modes]:
-            cfg = build_config(replace(options, admission=mode), name)
+            cfg = build_config(replace(options, admission=mode), name, policy_flag="--policies")
             results.append(_run(requests, cfg))
         summaries = [r.summary for r in results]
         print_table(summaries)
@@ -324,13 +217,13 @@ def register(app: typer.Typer) -> None:
         tbt_slos_ms: Annotated[
             str, typer.Option("--tbt-slos-ms", help="TBT thresholds to test, comma-separated")
         ] = "100,200,300",
-        prefill: PrefillOpt = 8,
-        decode: DecodeOpt = 8,
+        prefill: PrefillOpt = DEFAULTS.n_prefill,
+        decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
-        ttft_slo_s: TtftOpt = 30.0,
+        ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
         target: Annotated[float, typer.Option("--target", help="SLO attainment to sustain")] = 0.9,
         limit: LimitOpt = None,
-        seed: SeedOpt = 0,
+        seed: SeedOpt = DEFAULTS.seed,
         json_path: JsonOpt = None,
         admission: AdmissionOpt = None,
         cpp: CppOpt = None,
@@ -343,8 +236,7 @@ def register(app: typer.Typer) -> None:
             if policies
             else default_compare_policies()
         )
-        for n in names:
-            _check_policy(n, "--policies")
+        _check_policies(names, "--policies")
         try:
             thresholds = [float(x) for x in tbt_slos_ms.split(",") if x.strip()]
         except ValueError:
@@ -363,7 +255,7 @@ def register(app: typer.Typer) -> None:
         for name in names:
             row: dict[str, Any] = {"policy": name}
             for tbt in thresholds:
-                cfg = build_config(replace(options, tbt_slo_ms=tbt), name)
+                cfg = build_config(replace(options, tbt_slo_ms=tbt), name, policy_flag="--policies")
                 point = find_capacity(requests, cfg, target=target, bisect_steps=bisect_steps)
                 row[f"tbt_{tbt:g}ms"] = {
                     "speed": round(point.speed, 4),

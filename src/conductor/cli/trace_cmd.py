@@ -9,14 +9,11 @@ from typing import Annotated
 import typer
 
 from conductor.core.errors import ConductorError
+from conductor.sim.config import CACHE_CAPACITY_TOKENS
 from conductor.workload.analysis import infinite_cache_hits, lru_cache_hits, trace_stats
 from conductor.workload.synth import KINDS, synthesize
-from conductor.workload.trace import (
-    DEFAULT_BLOCK_SIZE_TOKENS,
-    bundled_trace_path,
-    read_trace,
-    write_trace,
-)
+from conductor.workload.trace import bundled_trace_path, read_trace, write_trace
+from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS
 
 __all__ = ["trace_app"]
 
@@ -119,7 +116,7 @@ def stats(
     ] = None,
     lru_tokens: Annotated[
         int, typer.Option(callback=_non_negative_int, help="Global LRU pool size, tokens.")
-    ] = 3_000_000,
+    ] = CACHE_CAPACITY_TOKENS,
     block_size: Annotated[
         int, typer.Option(callback=_positive_int, help="Tokens per hashed block.")
     ] = DEFAULT_BLOCK_SIZE_TOKENS,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from conductor.core.errors import InvalidInput
+from conductor.core.checks import check_at_least, check_choice, check_positive
 
 ADMISSION_MODES = ("off", "baseline", "early", "predictive")
+PREDICTIVE_LEVELS = ("system", "request")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,25 +50,12 @@ class SchedulerConfig:
     policy_params: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.block_size_tokens <= 0:
-            raise InvalidInput("block_size_tokens", self.block_size_tokens, "must be > 0")
-        if self.ttft_slo_s <= 0:
-            raise InvalidInput("ttft_slo_s", self.ttft_slo_s, "must be > 0")
-        if self.tbt_slo_s <= 0:
-            raise InvalidInput("tbt_slo_s", self.tbt_slo_s, "must be > 0")
-        if self.kvcache_balancing_threshold < 1.0:
-            raise InvalidInput(
-                "kvcache_balancing_threshold", self.kvcache_balancing_threshold, "must be >= 1"
-            )
-        if self.admission not in ADMISSION_MODES:
-            raise InvalidInput("admission", self.admission, f"must be one of {ADMISSION_MODES}")
-        if self.predictive_level not in ("system", "request"):
-            raise InvalidInput(
-                "predictive_level", self.predictive_level, "must be 'system' or 'request'"
-            )
-        if self.prefill_chunk_tokens <= 0:
-            raise InvalidInput("prefill_chunk_tokens", self.prefill_chunk_tokens, "must be > 0")
-        if self.cpp_max_nodes < 2:
-            raise InvalidInput("cpp_max_nodes", self.cpp_max_nodes, "must be >= 2")
-        if self.decode_time_s <= 0:
-            raise InvalidInput("decode_time_s", self.decode_time_s, "must be > 0")
+        check_positive("block_size_tokens", self.block_size_tokens)
+        check_positive("ttft_slo_s", self.ttft_slo_s)
+        check_positive("tbt_slo_s", self.tbt_slo_s)
+        check_at_least("kvcache_balancing_threshold", self.kvcache_balancing_threshold, 1)
+        check_choice("admission", self.admission, ADMISSION_MODES)
+        check_choice("predictive_level", self.predictive_level, PREDICTIVE_LEVELS)
+        check_positive("prefill_chunk_tokens", self.prefill_chunk_tokens)
+        check_at_least("cpp_max_nodes", self.cpp_max_nodes, 2)
+        check_positive("decode_time_s", self.decode_time_s)

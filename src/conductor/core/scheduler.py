@@ -29,6 +29,7 @@ from conductor.core.hotspot import HotspotTracker
 from conductor.core.plan import Decision, Fetch, Migration, Plan, Rejection
 from conductor.core.policies import DecodePolicy, PrefillChoice, SchedulingContext, make_policy
 from conductor.core.policies.decode import LeastTbtDecode, tbt_factor
+from conductor.core.policies.registry import DEFAULT_POLICY
 from conductor.core.prefix_index import PrefixIndex
 from conductor.core.state import InstanceSpec, InstanceState
 from conductor.core.types import InstanceId, Request, RequestId
@@ -55,7 +56,7 @@ class Scheduler:
         self,
         cost: CostModel,
         *,
-        policy: str = "mooncake",
+        policy: str = DEFAULT_POLICY,
         config: SchedulerConfig | None = None,
         decode_policy: DecodePolicy | None = None,
     ) -> None:

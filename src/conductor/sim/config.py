@@ -4,30 +4,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from conductor.core.checks import check_at_least
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, CostModel, preset
-from conductor.core.errors import InvalidInput
+from conductor.core.policies import DEFAULT_POLICY, check_policy
+
+CACHE_CAPACITY_TOKENS = 3_000_000
+"""A prefill instance's DRAM KV cache in FAST §5.3.2 (also ``conductor trace stats``' LRU)."""
 
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    """A simulated cluster.
+    """A simulated cluster (every field checked at construction; the defaults are those of
+    ``conductor simulate``).
 
-    ``cache_capacity_tokens``: each prefill instance's DRAM KV cache (LRU), 3M tokens as in
-    FAST §5.3.2; ``None`` means unbounded. ``kv_event_delay_s``: how late the scheduler sees
-    KV events (stale state). ``prefill_noise``: relative std-dev of a seeded log-normal error
-    between the cost model's prediction and the simulated execution (0 = exact).
+    ``policy``: a registered prefill policy name. ``cache_capacity_tokens``: each prefill
+    instance's DRAM KV cache (LRU), 3M tokens as in FAST §5.3.2; ``None`` means unbounded.
+    ``kv_event_delay_s``: how late the scheduler sees KV events (stale state).
+    ``prefill_noise``: relative std-dev of a seeded log-normal error between the cost model's
+    prediction and the simulated execution (0 = exact).
     ``load_sample_every_s``: sample prefill/decode load this often (0 = never).
     ``replica_sample_every_s``: sample how many prefill caches hold the blocks ranked
     ``replica_ranks`` by use in the whole trace (FAST Fig. 11; 0 = never).
     """
 
-    policy: str = "mooncake"
+    policy: str = DEFAULT_POLICY
     n_prefill: int = 8
     n_decode: int = 8
     cost: CostModel = field(default_factory=lambda: preset(DEFAULT_PRESET))
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    cache_capacity_tokens: int | None = 3_000_000
+    cache_capacity_tokens: int | None = CACHE_CAPACITY_TOKENS
     kv_event_delay_s: float = 0.0
     prefill_noise: float = 0.0
     seed: int = 0
@@ -36,16 +42,13 @@ class SimConfig:
     replica_ranks: tuple[int, ...] = (10, 100, 1000)
 
     def __post_init__(self) -> None:
-        if self.n_prefill <= 0:
-            raise InvalidInput("prefill", self.n_prefill, "must be >= 1")
-        if self.n_decode <= 0:
-            raise InvalidInput("decode", self.n_decode, "must be >= 1")
-        if self.cache_capacity_tokens is not None and self.cache_capacity_tokens < 0:
-            raise InvalidInput("cache_capacity_tokens", self.cache_capacity_tokens, "must be >= 0")
-        if self.kv_event_delay_s < 0:
-            raise InvalidInput("kv_event_delay_s", self.kv_event_delay_s, "must be >= 0")
-        if self.prefill_noise < 0:
-            raise InvalidInput("prefill_noise", self.prefill_noise, "must be >= 0")
+        check_policy(self.policy)
+        check_at_least("n_prefill", self.n_prefill, 1)
+        check_at_least("n_decode", self.n_decode, 1)
+        if self.cache_capacity_tokens is not None:
+            check_at_least("cache_capacity_tokens", self.cache_capacity_tokens, 0)
+        check_at_least("kv_event_delay_s", self.kv_event_delay_s, 0)
+        check_at_least("prefill_noise", self.prefill_noise, 0)
 
     @property
     def cache_capacity_blocks(self) -> int | None:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from conductor.core.errors import InvalidInput
-from conductor.workload.trace import DEFAULT_BLOCK_SIZE_TOKENS, TraceRecord
+from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS, TraceRecord
 
 __all__ = [
     "HitRate",

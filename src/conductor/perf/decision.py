@@ -22,28 +22,30 @@ CLI (``conductor bench decision``) and by ``bench/decision.py``, never asserted 
 from __future__ import annotations
 
 import gc
-import gzip
-import json
 import math
 import random
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, preset
 from conductor.core.events import BlocksStored, PrefillFinished, RequestFinished
 from conductor.core.plan import Plan
+from conductor.core.policies import DEFAULT_POLICY
 from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceSpec
 from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role, Tier
+from conductor.workload.trace import bundled_trace_path, read_trace
+from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS, TraceRecord
 
-TRACE_BLOCK_SIZE_TOKENS = 512
-"""Mooncake traces chain their ``hash_ids`` over 512-token blocks."""
+DEFAULT_REQUESTS = 5000
+"""Timed ``schedule()`` calls per run."""
+DEFAULT_WARMUP = 100
+"""Untimed calls before them."""
 
 BUCKETS: tuple[tuple[str, int], ...] = (
     ("<=8", 8),
@@ -54,40 +56,15 @@ BUCKETS: tuple[tuple[str, int], ...] = (
 """Prompt-length buckets (upper bound in blocks, inclusive) for the per-length figures."""
 
 
-@dataclass(frozen=True, slots=True)
-class TraceRow:
-    """One line of a Mooncake JSONL trace."""
-
-    timestamp_ms: float
-    input_length: int
-    output_length: int
-    hash_ids: tuple[BlockHash, ...]
+def load_trace(path: Path | None = None) -> list[TraceRecord]:
+    """The records of a (gzipped) Mooncake JSONL trace (:func:`read_trace`); the bundled
+    one by default."""
+    return read_trace(path or bundled_trace_path()).records
 
 
-def bundled_trace_path() -> Path:
-    """The conversation trace shipped in ``conductor/data``."""
-    return Path(str(resources.files("conductor").joinpath("data/conversation_trace.jsonl.gz")))
-
-
-def load_trace(path: Path | None = None) -> list[TraceRow]:
-    """Read a (gzipped) Mooncake JSONL trace; the bundled one by default."""
-    p = path or bundled_trace_path()
-    opener: Any = gzip.open if p.suffix == ".gz" else open
-    rows: list[TraceRow] = []
-    with opener(p, "rt", encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            d = json.loads(line)
-            rows.append(
-                TraceRow(
-                    float(d["timestamp"]),
-                    int(d["input_length"]),
-                    int(d["output_length"]),
-                    tuple(BlockHash(int(h)) for h in d["hash_ids"]),
-                )
-            )
-    return rows
+def _hashes(record: TraceRecord) -> tuple[BlockHash, ...]:
+    # BlockHash is a NewType of int: the ids are already the right values.
+    return cast(tuple[BlockHash, ...], record.hash_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +156,7 @@ def bucket_of(n_blocks: int) -> str:
 def make_cluster(
     n_prefill: int, n_decode: int, *, policy: str, preset_name: str, seed: int
 ) -> Scheduler:
-    config = SchedulerConfig(block_size_tokens=TRACE_BLOCK_SIZE_TOKENS, seed=seed)
+    config = SchedulerConfig(block_size_tokens=DEFAULT_BLOCK_SIZE_TOKENS, seed=seed)
     c = Scheduler(preset(preset_name), policy=policy, config=config)
     for i in range(n_prefill):
         c.add_instance(InstanceSpec(InstanceId(f"p{i}"), Role.PREFILL))
@@ -188,7 +165,7 @@ def make_cluster(
     return c
 
 
-def warm_events(rows: Sequence[TraceRow], n_prefill: int, seed: int) -> list[BlocksStored]:
+def warm_events(rows: Sequence[TraceRecord], n_prefill: int, seed: int) -> list[BlocksStored]:
     """One :class:`BlocksStored` per copy: each row's blocks on 1-2 distinct prefill
     instances (seeded), each copy in the GPU or the DRAM tier."""
     rng = random.Random(seed)
@@ -200,11 +177,11 @@ def warm_events(rows: Sequence[TraceRow], n_prefill: int, seed: int) -> list[Blo
         copies = 1 if n_prefill == 1 else rng.randint(1, 2)
         for holder in rng.sample(names, copies):
             tier = Tier.GPU if rng.random() < 0.5 else Tier.DRAM
-            events.append(BlocksStored(holder, row.hash_ids, tier))
+            events.append(BlocksStored(holder, _hashes(row), tier))
     return events
 
 
-def trace_requests(rows: Sequence[TraceRow], count: int) -> list[Request]:
+def trace_requests(rows: Sequence[TraceRecord], count: int) -> list[Request]:
     """The first ``count`` rows as requests; past the end the trace repeats, shifted in time
     by its span, with fresh request ids."""
     if not rows:
@@ -218,7 +195,7 @@ def trace_requests(rows: Sequence[TraceRow], count: int) -> list[Request]:
             Request(
                 RequestId(f"r{i}"),
                 max(1, row.input_length),
-                row.hash_ids,
+                _hashes(row),
                 output_tokens=row.output_length,
                 arrival_s=lap * span_s + row.timestamp_ms / 1e3,
             )
@@ -239,14 +216,14 @@ def run_decision_bench(
     n_prefill: int,
     n_decode: int,
     *,
-    policy: str = "mooncake",
-    requests: int = 5000,
-    warmup: int = 100,
+    policy: str = DEFAULT_POLICY,
+    requests: int = DEFAULT_REQUESTS,
+    warmup: int = DEFAULT_WARMUP,
     seed: int = 0,
     preset_name: str = DEFAULT_PRESET,
     finish_every: int = 8,
     inflight_per_decode: int = 4,
-    rows: Sequence[TraceRow] | None = None,
+    rows: Sequence[TraceRecord] | None = None,
 ) -> DecisionBenchResult:
     """Warm a cluster of ``n_prefill`` + ``n_decode`` instances from the trace, then time
     ``schedule()`` on ``requests`` trace requests; see the module docstring."""

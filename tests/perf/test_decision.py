@@ -9,7 +9,9 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from conductor.bench_decision import (
+from conductor.cli.main import app
+from conductor.core.policies import DEFAULT_POLICY
+from conductor.perf.decision import (
     BUCKETS,
     bucket_of,
     load_trace,
@@ -19,7 +21,6 @@ from conductor.bench_decision import (
     trace_requests,
     warm_events,
 )
-from conductor.cli.main import app
 
 KEYS = {
     "prefill",
@@ -43,7 +44,7 @@ def test_small_run_structure_and_counts(rows) -> None:  # type: ignore[no-untype
     d = r.to_json()
     assert set(d) >= KEYS
     json.dumps(d)  # serialisable
-    assert (d["prefill"], d["decode"], d["policy"], d["requests"]) == (4, 4, "mooncake", 200)
+    assert (d["prefill"], d["decode"], d["policy"], d["requests"]) == (4, 4, DEFAULT_POLICY, 200)
     assert d["warmup_requests"] == 20
     assert r.plans + r.rejections == 200 and r.rejections == 0  # admission is off
     assert 0 <= r.fetches <= r.plans

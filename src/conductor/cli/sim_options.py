@@ -1,0 +1,175 @@
+"""The options ``conductor simulate | compare | capacity`` share, and how they become a
+:class:`~conductor.sim.config.SimConfig` and a request list.
+
+Defaults are read off a default :class:`SimConfig` (and its :class:`SchedulerConfig`); values
+are checked by those dataclasses, and their errors name the option
+(``error: invalid --ttft-slo-s=-1.0: must be > 0``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from conductor.cli.fields import config_error
+from conductor.core.config import SchedulerConfig
+from conductor.core.costmodel import PRESETS, preset
+from conductor.core.errors import ConductorError, InvalidInput
+from conductor.core.policies import check_policy, policy_config_defaults
+from conductor.core.types import Request
+from conductor.sim.config import SimConfig
+from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
+
+DEFAULTS = SimConfig()
+"""The defaults of every option that sets a :class:`SimConfig` field."""
+DEFAULT_TBT_SLO_MS = DEFAULTS.scheduler.tbt_slo_s * 1e3
+LOAD_SAMPLE_EVERY_S = 10.0
+"""How often ``simulate --load-plot`` samples the load."""
+REPLICA_SAMPLE_EVERY_S = 30.0
+"""How often ``simulate --load-plot`` samples the replicas of popular blocks."""
+
+FLAGS = {
+    "policy": "--policy",
+    "n_prefill": "--prefill",
+    "n_decode": "--decode",
+    "preset": "--preset",
+    "ttft_slo_s": "--ttft-slo-s",
+    "tbt_slo_s": "--tbt-slo-ms",
+    "seed": "--seed",
+    "admission": "--admission",
+    "cache_capacity_tokens": "--cache-tokens",
+    "kv_event_delay_s": "--kv-event-delay-s",
+}
+"""Config field -> the option that sets it."""
+
+TraceOpt = Annotated[
+    Path | None, typer.Option("--trace", help="Mooncake JSONL trace (default: bundled)")
+]
+PrefillOpt = Annotated[int, typer.Option("--prefill", help="prefill instances")]
+DecodeOpt = Annotated[int, typer.Option("--decode", help="decode instances")]
+PresetOpt = Annotated[
+    str, typer.Option("--preset", help=f"cost model preset: {', '.join(sorted(PRESETS))}")
+]
+TtftOpt = Annotated[float, typer.Option("--ttft-slo-s", help="TTFT SLO in seconds")]
+TbtOpt = Annotated[float, typer.Option("--tbt-slo-ms", help="TBT SLO in milliseconds")]
+SpeedOpt = Annotated[float, typer.Option("--speed", help="replay speed (2 = twice the rate)")]
+LimitOpt = Annotated[int | None, typer.Option("--limit", help="use only the first N requests")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="random seed")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="write results as JSON here")]
+AdmissionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--admission",
+        help="off|baseline|early|predictive (default: the policy's own; off for baselines)",
+    ),
+]
+ReplOpt = Annotated[
+    bool,
+    typer.Option("--replication/--no-replication", help="background hot-spot replication"),
+]
+CppOpt = Annotated[
+    bool | None,
+    typer.Option("--cpp/--no-cpp", help="chunked pipeline parallel prefill (default: policy's)"),
+]
+SkipOpt = Annotated[
+    bool, typer.Option("--skip-invalid", help="skip malformed trace lines and count them")
+]
+CacheOpt = Annotated[
+    int | None,
+    typer.Option("--cache-tokens", help="KV cache per prefill instance in tokens (default 3M)"),
+]
+UnboundedOpt = Annotated[
+    bool, typer.Option("--unbounded-cache", help="prefill caches without capacity limit")
+]
+DelayOpt = Annotated[
+    float, typer.Option("--kv-event-delay-s", help="delay of KV events to the scheduler")
+]
+
+
+def fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(2)
+
+
+def load_requests(
+    trace: Path | None, limit: int | None, speed: float, skip_invalid: bool
+) -> list[Request]:
+    if speed <= 0:
+        raise typer.BadParameter(f"must be > 0, got {speed}", param_hint="--speed")
+    if limit is not None and limit <= 0:
+        raise typer.BadParameter(f"must be > 0, got {limit}", param_hint="--limit")
+    path = trace if trace is not None else bundled_trace_path()
+    if not path.exists():
+        raise typer.BadParameter(f"no such file: {path}", param_hint="--trace")
+    try:
+        result = read_trace(path, limit=limit, skip_invalid=skip_invalid)
+        if result.skipped:
+            typer.echo(f"skipped {len(result.skipped)} invalid line(s)", err=True)
+        if not result.records:
+            raise fail(f"trace {path} has no valid requests")
+        return records_to_requests(result.records, speed=speed)
+    except ConductorError as exc:
+        raise fail(f"{path}: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterOptions:
+    """The cluster, SLO and scheduler options ``simulate``, ``compare`` and ``capacity``
+    share (as given on the command line; None: the policy's own, then the config's)."""
+
+    prefill: int
+    decode: int
+    preset_name: str
+    ttft_slo_s: float
+    tbt_slo_ms: float
+    seed: int
+    admission: str | None = None
+    cpp: bool | None = None
+    replication: bool = DEFAULTS.scheduler.replication_enabled
+    cache_tokens: int | None = None
+    unbounded: bool = False
+    kv_event_delay_s: float = DEFAULTS.kv_event_delay_s
+
+
+def build_config(
+    o: ClusterOptions, policy: str, *, load_plot: bool = False, policy_flag: str = "--policy"
+) -> SimConfig:
+    """The simulated cluster; settings left as None take the policy's own defaults
+    (``conductor`` brings admission and CPP), then the config's. A bad value exits with an
+    error naming its option (``policy_flag`` for the policy)."""
+    try:
+        return _config(o, policy, load_plot)
+    except InvalidInput as exc:
+        flags = {**FLAGS, "policy": policy_flag}
+        raise config_error(exc, flags, {"tbt_slo_s": o.tbt_slo_ms}) from None
+
+
+def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
+    defaults = policy_config_defaults(check_policy(policy))
+    sched = SchedulerConfig(
+        ttft_slo_s=o.ttft_slo_s,
+        tbt_slo_s=o.tbt_slo_ms / 1e3,
+        admission=o.admission or str(defaults.get("admission", DEFAULTS.scheduler.admission)),
+        cpp_enabled=bool(defaults.get("cpp_enabled", DEFAULTS.scheduler.cpp_enabled))
+        if o.cpp is None
+        else o.cpp,
+        replication_enabled=o.replication,
+        seed=o.seed,
+    )
+    return SimConfig(
+        policy=policy,
+        n_prefill=o.prefill,
+        n_decode=o.decode,
+        cost=preset(o.preset_name),
+        scheduler=sched,
+        cache_capacity_tokens=None
+        if o.unbounded
+        else (o.cache_tokens or DEFAULTS.cache_capacity_tokens),
+        kv_event_delay_s=o.kv_event_delay_s,
+        seed=o.seed,
+        load_sample_every_s=LOAD_SAMPLE_EVERY_S if load_plot else 0.0,
+        replica_sample_every_s=REPLICA_SAMPLE_EVERY_S if load_plot else 0.0,
+    )
