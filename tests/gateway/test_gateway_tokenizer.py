@@ -10,13 +10,9 @@ from conductor.core.hashing import hash_block
 from conductor.core.types import InstanceId
 from conductor.gateway.kv_ingest import EngineHashMapper
 from conductor.gateway.openai_api import parse_chat, parse_completion
-from conductor.gateway.tokenizer import (
-    HfTokenizer,
-    TokenizerLoadError,
-    prompt_token_ids,
-    request_block_hashes,
-)
+from conductor.gateway.tokenizer import prompt_token_ids, request_block_hashes
 from conductor.gateway.wire.vllm_events import EngineBlockHash, EngineBlockStored
+from conductor.hf.tokenizer import HfTokenizer, TokenizerLoadError
 from tests.engines.fixtures import TINY_MODEL
 
 needs_tiny_model = pytest.mark.skipif(
