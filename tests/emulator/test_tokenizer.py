@@ -11,6 +11,7 @@ import pytest
 from conductor.emulator.tokenizer import ByteTokenizer, chat_ids, output_tokens
 from conductor.hf.tokenizer import HfTokenizer, TokenizerLoadError
 from conductor.hf.words import WORDS
+from tests.hf.helpers import make_hf_tokenizer
 
 
 def test_byte_tokenizer_is_utf8_bytes() -> None:
@@ -43,29 +44,8 @@ def test_output_tokens_are_stable_across_versions() -> None:
     assert "".join(texts) == " decode prefill garden t"
 
 
-def _make_hf_tokenizer(path: Path, **options: Any) -> None:
-    tokenizers = pytest.importorskip("tokenizers")
-    transformers = pytest.importorskip("transformers")
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    tok = tokenizers.Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(["the cache holds blocks of keys and values"] * 20, trainer=trainer)
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", **options
-    )
-    fast.save_pretrained(str(path))
-
-
 def test_hf_tokenizer_from_a_local_folder(tmp_path: Path) -> None:
-    _make_hf_tokenizer(tmp_path)
+    make_hf_tokenizer(tmp_path)
     tok = HfTokenizer.load(tmp_path)
     ids = tok.encode("the cache holds")
     assert tok.decode(ids) == "the cache holds"
@@ -110,7 +90,7 @@ TEXTS = (
 
 @pytest.mark.parametrize("options", [{}, {"clean_up_tokenization_spaces": True}])
 def test_hf_tokenizer_gives_what_transformers_gives(tmp_path: Path, options: Any) -> None:
-    _make_hf_tokenizer(tmp_path, **options)
+    make_hf_tokenizer(tmp_path, **options)
     tok = HfTokenizer.load(tmp_path)
     # encoding skips transformers; decoding too unless it cleans up spaces
     assert tok.fast_path != "transformers"
@@ -149,7 +129,7 @@ def test_emulator_serves_with_a_hf_tokenizer(tmp_path: Path) -> None:
     from conductor.emulator.config import EmulatorConfig
     from tests.emulator.helpers import running_emulator
 
-    _make_hf_tokenizer(tmp_path)
+    make_hf_tokenizer(tmp_path)
     tok = HfTokenizer.load(tmp_path)
     prompt = "the cache holds blocks of keys and values " * 8
     with running_emulator(EmulatorConfig(instant=True), tokenizer=tok) as emu:
