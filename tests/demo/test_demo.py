@@ -46,3 +46,17 @@ def test_demo_rejects_bad_options() -> None:
         check=False,
     )
     assert out.returncode == 2 and "--policy" in out.stderr
+
+
+def test_an_unknown_policy_names_the_flag_the_value_and_the_known_ones() -> None:
+    from typer.testing import CliRunner
+
+    from conductor.cli.main import app
+    from conductor.core.policies import policy_names
+
+    result = CliRunner().invoke(app, ["demo", "--policy", "nope"])
+    assert result.exit_code == 2
+    error = " ".join(result.output.replace("│", " ").split()).split("Invalid value for ")[1]
+    assert error.startswith(("--policy: unknown policy; known: ", "'--policy': unknown policy"))
+    assert error.endswith(", got 'nope'")
+    assert all(name in error for name in policy_names())

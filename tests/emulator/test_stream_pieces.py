@@ -8,9 +8,9 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from conductor.emulator.api import _Shape, _sse
 from conductor.emulator.engine import EngineRequest, TokenOutput
 from conductor.emulator.loop import TokenQueue
+from conductor.emulator.shaping import Shape, SseBody, sse
 
 TEXTS = ("", " plain", 'a "quote" and \\ a backslash', "\n\t\x00\x1f\x7f", "éß 中文 🙂", "\u2028")
 
@@ -18,9 +18,9 @@ TEXTS = ("", " plain", 'a "quote" and \\ a backslash', "\n\t\x00\x1f\x7f", "éß
 @pytest.mark.parametrize("chat", [False, True])
 @pytest.mark.parametrize("model", ["tiny", 'odd "model" \\ name \u00e9'])
 def test_token_event_is_the_chunk_json(chat: bool, model: str) -> None:
-    shape = _Shape(chat, model, "e0-7")
+    shape = Shape(chat, model, "e0-7")
     for text in TEXTS:
-        assert shape.token_event(text) == _sse(shape.chunk(text, None))
+        assert shape.token_event(text) == sse(shape.chunk(text, None))
     assert shape.token_event(" x").startswith(b"data: {") and shape.token_event(" x").endswith(
         b"}\n\n"
     )
@@ -28,11 +28,11 @@ def test_token_event_is_the_chunk_json(chat: bool, model: str) -> None:
 
 def test_token_event_without_a_template() -> None:
     """A model name holding the template's marker: every event built the plain way."""
-    from conductor.emulator.api import _TEXT_MARK
+    from conductor.emulator.shaping import _TEXT_MARK
 
-    shape = _Shape(False, _TEXT_MARK, "e0-1")
-    assert shape.token_event(" y") == _sse(shape.chunk(" y", None))
-    assert shape.token_event(_TEXT_MARK) == _sse(shape.chunk(_TEXT_MARK, None))
+    shape = Shape(False, _TEXT_MARK, "e0-1")
+    assert shape.token_event(" y") == sse(shape.chunk(" y", None))
+    assert shape.token_event(_TEXT_MARK) == sse(shape.chunk(_TEXT_MARK, None))
 
 
 def test_token_queue_hands_items_over_in_order() -> None:
@@ -70,8 +70,6 @@ def test_a_cancelled_reader_leaves_the_queue_usable() -> None:
 
 
 def test_closing_the_body_aborts_the_request_however_far_it_got() -> None:
-    from conductor.emulator.api import _SseBody
-
     async def events() -> AsyncGenerator[bytes, None]:
         try:
             yield b"one"
@@ -80,7 +78,7 @@ def test_closing_the_body_aborts_the_request_however_far_it_got() -> None:
             log.append("generator closed")
 
     async def main(take: int) -> list[str]:
-        body = _SseBody(events(), lambda: log.append("aborted"))
+        body = SseBody(events(), lambda: log.append("aborted"))
         for _ in range(take):
             await anext(body)
         log.append(f"{take} read")

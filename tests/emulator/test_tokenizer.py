@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conductor.core.errors import InvalidInput
-from conductor.emulator.tokenizer import ByteTokenizer, HfTokenizer, output_tokens
+from conductor.emulator.tokenizer import ByteTokenizer, chat_ids, output_tokens
+from conductor.hf.tokenizer import HfTokenizer, TokenizerLoadError
+from conductor.hf.words import WORDS
+from tests.hf.helpers import make_hf_tokenizer
 
 
 def test_byte_tokenizer_is_utf8_bytes() -> None:
@@ -17,7 +19,7 @@ def test_byte_tokenizer_is_utf8_bytes() -> None:
     assert tok.encode("hé") == [104, 195, 169]
     assert tok.decode([104, 195, 169]) == "hé"
     assert tok.vocab_size == 256
-    rendered = tok.render_chat([{"role": "user", "content": "hi"}])
+    rendered = chat_ids(tok, [{"role": "user", "content": "hi"}])
     assert tok.decode(rendered) == "<|user|>\nhi\n<|assistant|>\n"
 
 
@@ -35,42 +37,22 @@ def test_output_is_a_function_of_seed_and_prompt() -> None:
 
 
 def test_output_tokens_are_stable_across_versions() -> None:
-    """Pinned: changing the generator changes every emulated completion."""
+    """Pinned: changing the generator (or :data:`conductor.hf.words.WORDS`) changes every
+    emulated completion."""
     tok = ByteTokenizer()
     _, texts = output_tokens(tok, 0, tok.encode("hello"), 24)
-    assert "".join(texts) == " computes request the th"
-
-
-def _make_hf_tokenizer(path: Path, **options: Any) -> None:
-    tokenizers = pytest.importorskip("tokenizers")
-    transformers = pytest.importorskip("transformers")
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    tok = tokenizers.Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(["the cache holds blocks of keys and values"] * 20, trainer=trainer)
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", **options
-    )
-    fast.save_pretrained(str(path))
+    assert "".join(texts) == " decode prefill garden t"
 
 
 def test_hf_tokenizer_from_a_local_folder(tmp_path: Path) -> None:
-    _make_hf_tokenizer(tmp_path)
-    tok = HfTokenizer(tmp_path)
+    make_hf_tokenizer(tmp_path)
+    tok = HfTokenizer.load(tmp_path)
     ids = tok.encode("the cache holds")
     assert tok.decode(ids) == "the cache holds"
     assert tok.vocab_size >= 256
     out_ids, texts = output_tokens(tok, 0, ids, 6)
     assert len(out_ids) == 6 and "".join(texts) == tok.decode(out_ids)
-    chat = tok.render_chat([{"role": "user", "content": "hi"}])  # no template: ours
+    chat = chat_ids(tok, [{"role": "user", "content": "hi"}])  # no template: ours
     assert tok.decode(chat) == "<|user|>\nhi\n<|assistant|>\n"
 
 
@@ -95,9 +77,6 @@ class _ThroughTransformers:
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(token_ids)))
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        raise NotImplementedError
-
 
 TEXTS = (
     "the cache holds blocks of keys and values",
@@ -111,10 +90,11 @@ TEXTS = (
 
 @pytest.mark.parametrize("options", [{}, {"clean_up_tokenization_spaces": True}])
 def test_hf_tokenizer_gives_what_transformers_gives(tmp_path: Path, options: Any) -> None:
-    _make_hf_tokenizer(tmp_path, **options)
-    tok = HfTokenizer(tmp_path)
-    # the fast path (the Rust tokenizer called directly) unless decoding cleans up spaces
-    assert tok.uses_rust_backend is not options
+    make_hf_tokenizer(tmp_path, **options)
+    tok = HfTokenizer.load(tmp_path)
+    # encoding skips transformers; decoding too unless it cleans up spaces
+    assert tok.fast_path != "transformers"
+    assert tok.decodes_with_rust is not options
     ref = _ThroughTransformers(tmp_path)
     assert tok.vocab_size == ref.vocab_size
     for text in TEXTS:
@@ -130,11 +110,17 @@ def test_hf_tokenizer_gives_what_transformers_gives(tmp_path: Path, options: Any
 
 
 def test_hf_tokenizer_errors_name_the_path(tmp_path: Path) -> None:
-    with pytest.raises(InvalidInput, match="not a directory"):
-        HfTokenizer(tmp_path / "missing")
+    with pytest.raises(TokenizerLoadError, match=r"no tokenizer\.json .* in .*missing"):
+        HfTokenizer.load(tmp_path / "missing")
     pytest.importorskip("transformers")
-    with pytest.raises(InvalidInput, match="cannot load a tokenizer"):
-        HfTokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{")
+    with pytest.raises(TokenizerLoadError, match="cannot load the tokenizer in"):
+        HfTokenizer.load(tmp_path)
+
+
+def test_the_words_are_ascii() -> None:
+    """The byte tokenizer's output texts are one character per byte."""
+    assert all(w.isascii() and w for w in WORDS)
 
 
 def test_emulator_serves_with_a_hf_tokenizer(tmp_path: Path) -> None:
@@ -143,8 +129,8 @@ def test_emulator_serves_with_a_hf_tokenizer(tmp_path: Path) -> None:
     from conductor.emulator.config import EmulatorConfig
     from tests.emulator.helpers import running_emulator
 
-    _make_hf_tokenizer(tmp_path)
-    tok = HfTokenizer(tmp_path)
+    make_hf_tokenizer(tmp_path)
+    tok = HfTokenizer.load(tmp_path)
     prompt = "the cache holds blocks of keys and values " * 8
     with running_emulator(EmulatorConfig(instant=True), tokenizer=tok) as emu:
         r = httpx.post(

@@ -8,16 +8,14 @@ import pytest
 
 from conductor.core.hashing import hash_block
 from conductor.core.types import InstanceId
+from conductor.gateway.errors import BadRequest
 from conductor.gateway.kv_ingest import EngineHashMapper
 from conductor.gateway.openai_api import parse_chat, parse_completion
-from conductor.gateway.tokenizer import (
-    HfTokenizer,
-    TokenizerLoadError,
-    prompt_token_ids,
-    request_block_hashes,
-)
+from conductor.gateway.tokenizer import prompt_token_ids, request_block_hashes
 from conductor.gateway.wire.vllm_events import EngineBlockHash, EngineBlockStored
+from conductor.hf.tokenizer import HfTokenizer, TokenizerLoadError
 from tests.engines.fixtures import TINY_MODEL
+from tests.hf.helpers import make_hf_tokenizer
 
 needs_tiny_model = pytest.mark.skipif(
     not (TINY_MODEL / ".generated").exists(), reason="no tiny model (run `make tiny-model`)"
@@ -93,3 +91,18 @@ def test_hf_tokenizer_matches_the_tokenizer_file_and_renders_the_chat_template()
 def test_loading_a_folder_without_tokenizer_fails_clearly(tmp_path: Path) -> None:
     with pytest.raises(TokenizerLoadError, match=r"no tokenizer\.json or tokenizer_config\.json"):
         HfTokenizer.load(tmp_path)
+
+
+def test_a_model_without_a_chat_template_refuses_chat_requests(tmp_path: Path) -> None:
+    make_hf_tokenizer(tmp_path)
+    tok = HfTokenizer.load(tmp_path)
+    chat = parse_chat({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})
+    with pytest.raises(BadRequest) as caught:
+        prompt_token_ids(tok, chat)
+    assert caught.value.body() == {
+        "error": {
+            "message": "the model has no chat template; use /v1/completions",
+            "type": "invalid_request_error",
+            "code": 400,
+        }
+    }

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
 from conductor.demo.tokenizer import corpus, make_tokenizer
-from conductor.gateway.tokenizer import HfTokenizer
 from conductor.hf.fast_bpe import FastByteLevelBpe, verification_corpus
+from conductor.hf.tokenizer import HfTokenizer
 
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -74,7 +74,7 @@ TEXT = st.text(
 )
 
 
-def test_the_gateway_tokenizer_takes_the_fast_path(tiny: HfTokenizer) -> None:
+def test_the_tokenizer_takes_the_fast_path(tiny: HfTokenizer) -> None:
     assert tiny.fast_path == "byte-level-bpe"
 
 

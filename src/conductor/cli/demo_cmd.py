@@ -13,7 +13,8 @@ from typing import Annotated
 
 import typer
 
-from conductor.core.policies import policy_names
+from conductor.core.errors import InvalidInput
+from conductor.core.policies import DEFAULT_POLICY, check_policy
 from conductor.demo.cluster import Cluster, free_ports
 from conductor.demo.load import Outcome, run_load
 from conductor.demo.tokenizer import make_tokenizer
@@ -73,14 +74,18 @@ def register(app: typer.Typer) -> None:
         speedup: Annotated[
             float, typer.Option("--speedup", help="emulated engines run X times faster")
         ] = 20.0,
-        policy: Annotated[str, typer.Option("--policy")] = "conductor",
+        policy: Annotated[str, typer.Option("--policy")] = DEFAULT_POLICY,
         seed: Annotated[int, typer.Option("--seed")] = 0,
     ) -> None:
         """Gateway + emulated 2P/2D cluster + a short load; everything stops at the end."""
         # transformers warns at import that PyTorch is absent: only its tokenizers are used
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        if policy not in policy_names():
-            raise typer.BadParameter(f"unknown policy {policy!r}", param_hint="--policy")
+        try:
+            check_policy(policy)
+        except InvalidInput as exc:
+            raise typer.BadParameter(
+                f"{exc.why}, got {exc.value!r}", param_hint="--policy"
+            ) from None
         if speedup <= 0:
             raise typer.BadParameter(f"must be > 0, got {speedup}", param_hint="--speedup")
         with tempfile.TemporaryDirectory(prefix="conductor-demo-") as tmp:

@@ -2,36 +2,46 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from conductor.core.checks import check_choice
 from conductor.core.costmodel import PRESETS
-from conductor.core.errors import ConductorError
+from conductor.core.errors import ConductorError, InvalidInput
 from conductor.core.types import Role
-from conductor.emulator import config as defaults
 from conductor.emulator.config import EmulatorConfig
-from conductor.emulator.tokenizer import HfTokenizer, Tokenizer
+from conductor.emulator.tokenizer import Tokenizer
+from conductor.hf.tokenizer import HfTokenizer
 
 ROLES = tuple(r.value for r in Role)
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+_FIELDS = {f.name: f for f in dataclasses.fields(EmulatorConfig)}
+FLAGS = {"model_name": "--model", "block_size_tokens": "--block-size"}
+"""The flag of each :class:`EmulatorConfig` field whose flag is not its name with dashes."""
+
+
+def _default(field: str) -> Any:
+    """The default of ``--<field>``: the config field's (defaults are defined there only)."""
+    value = _FIELDS[field].default
+    return value.value if isinstance(value, Role) else value
+
+
+def flag(field: str) -> str:
+    """The option that sets the config field ``field``."""
+    return FLAGS.get(field, "--" + field.replace("_", "-"))
 
 
 def _bad(option: str, message: str) -> typer.BadParameter:
     return typer.BadParameter(message, param_hint=option)
 
 
-def _check_port(option: str, value: int | None) -> None:
-    if value is not None and not 1 <= value <= 65535:
-        raise _bad(option, f"must be a TCP port in 1-65535, got {value}")
-
-
-def _check_positive(option: str, value: int) -> None:
-    if value <= 0:
-        raise _bad(option, f"must be > 0, got {value}")
+def _bad_input(exc: InvalidInput) -> typer.BadParameter:
+    """``exc`` worded for the command line: the flag, the reason, the value."""
+    return _bad(flag(exc.field), f"{exc.why}, got {exc.value!r}")
 
 
 def build_config(
@@ -54,40 +64,12 @@ def build_config(
     seed: int,
     engine_id: str | None,
 ) -> EmulatorConfig:
-    """Validate the options (each error names its option) into an :class:`EmulatorConfig`."""
-    if role not in ROLES:
-        raise _bad("--role", f"must be one of {', '.join(ROLES)}, got {role!r}")
-    if preset_name not in PRESETS:
-        raise _bad(
-            "--preset", f"unknown preset {preset_name!r}; known: {', '.join(sorted(PRESETS))}"
-        )
-    if not (speedup > 0 and math.isfinite(speedup)):
-        raise _bad("--speedup", f"must be a finite number > 0, got {speedup}")
-    _check_port("--port", port)
-    _check_port("--kv-events-port", kv_events_port)
-    _check_port("--replay-port", replay_port)
-    if replay_port is not None and kv_events_port is None:
-        raise _bad("--replay-port", "needs --kv-events-port too")
-    if kv_events_port is not None and kv_events_port == port:
-        raise _bad("--kv-events-port", f"must differ from --port ({port})")
-    if replay_port is not None and replay_port in (port, kv_events_port):
-        raise _bad("--replay-port", "must differ from --port and --kv-events-port")
-    for option, value in (
-        ("--block-size", block_size),
-        ("--cache-blocks", cache_blocks),
-        ("--max-model-len", max_model_len),
-        ("--max-batch-size", max_batch_size),
-        ("--max-batched-tokens", max_batched_tokens),
-    ):
-        _check_positive(option, value)
-    if seed < 0:
-        raise _bad("--seed", f"must be >= 0, got {seed}")
-    if not model.strip():
-        raise _bad("--model", "must not be empty")
+    """The options as an :class:`EmulatorConfig` (which validates them); an error names the
+    option."""
     try:
         return EmulatorConfig(
             model_name=model,
-            role=Role(role),
+            role=Role(check_choice("role", role, ROLES)),
             preset=preset_name,
             speedup=speedup,
             instant=instant,
@@ -104,15 +86,15 @@ def build_config(
             replay_port=replay_port,
             kv_topic=kv_topic,
         )
-    except ConductorError as exc:  # a check above should have caught it first
-        raise typer.BadParameter(str(exc)) from None
+    except InvalidInput as exc:
+        raise _bad_input(exc) from None
 
 
 def load_tokenizer(model_path: Path | None) -> Tokenizer | None:
     if model_path is None:
         return None
     try:
-        return HfTokenizer(model_path)
+        return HfTokenizer.load(model_path)
     except ConductorError as exc:
         raise _bad("--model-path", str(exc)) from None
 
@@ -120,57 +102,59 @@ def load_tokenizer(model_path: Path | None) -> Tokenizer | None:
 def register(app: typer.Typer) -> None:
     @app.command("emulate")
     def emulate_cmd(
-        port: Annotated[int, typer.Option("--port", help="HTTP port")] = 8000,
+        port: Annotated[int, typer.Option("--port", help="HTTP port")] = _default("port"),
         host: Annotated[
             str, typer.Option("--host", help="address to bind (HTTP and ZMQ)")
-        ] = "127.0.0.1",
+        ] = _default("host"),
         role: Annotated[
             str, typer.Option("--role", help=f"{'|'.join(ROLES)} (informational)")
-        ] = "both",
+        ] = _default("role"),
         kv_events_port: Annotated[
             int | None,
             typer.Option("--kv-events-port", help="publish KV events (ZMQ PUB) on this port"),
-        ] = None,
+        ] = _default("kv_events_port"),
         replay_port: Annotated[
             int | None,
             typer.Option("--replay-port", help="serve KV event replays (ZMQ ROUTER) here"),
-        ] = None,
+        ] = _default("replay_port"),
         kv_topic: Annotated[
             str, typer.Option("--kv-topic", help="topic frame of KV event messages")
-        ] = "",
+        ] = _default("kv_topic"),
         preset_name: Annotated[
             str,
             typer.Option("--preset", help=f"cost model preset: {', '.join(sorted(PRESETS))}"),
-        ] = defaults.DEFAULT_PRESET,
+        ] = _default("preset"),
         speedup: Annotated[
             float, typer.Option("--speedup", help="run the cost model's times X times faster")
-        ] = 1.0,
+        ] = _default("speedup"),
         instant: Annotated[
             bool, typer.Option("--instant", help="steps take no time (measure the client)")
-        ] = False,
+        ] = _default("instant"),
         block_size: Annotated[
             int, typer.Option("--block-size", help="tokens per KV block")
-        ] = defaults.DEFAULT_BLOCK_SIZE_TOKENS,
+        ] = _default("block_size_tokens"),
         cache_blocks: Annotated[
             int, typer.Option("--cache-blocks", help="KV cache size in blocks")
-        ] = defaults.DEFAULT_CACHE_BLOCKS,
+        ] = _default("cache_blocks"),
         max_model_len: Annotated[
             int, typer.Option("--max-model-len", help="prompt + output tokens at most")
-        ] = defaults.DEFAULT_MAX_MODEL_LEN,
+        ] = _default("max_model_len"),
         max_batch_size: Annotated[
             int, typer.Option("--max-batch-size", help="running requests at most")
-        ] = defaults.DEFAULT_MAX_BATCH_SIZE,
+        ] = _default("max_batch_size"),
         max_batched_tokens: Annotated[
             int, typer.Option("--max-batched-tokens", help="tokens scheduled per step")
-        ] = defaults.DEFAULT_MAX_BATCHED_TOKENS,
-        model: Annotated[
-            str, typer.Option("--model", help="served model name")
-        ] = defaults.DEFAULT_MODEL_NAME,
+        ] = _default("max_batched_tokens"),
+        model: Annotated[str, typer.Option("--model", help="served model name")] = _default(
+            "model_name"
+        ),
         model_path: Annotated[
             Path | None,
             typer.Option("--model-path", help="local Hugging Face tokenizer folder (optional)"),
         ] = None,
-        seed: Annotated[int, typer.Option("--seed", help="seed of the generated text")] = 0,
+        seed: Annotated[int, typer.Option("--seed", help="seed of the generated text")] = _default(
+            "seed"
+        ),
         engine_id: Annotated[
             str | None, typer.Option("--engine-id", help="engine id (default emulator-PORT)")
         ] = None,

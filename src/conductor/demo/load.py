@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from conductor.demo.tokenizer import WORDS
+from conductor.hf.words import WORDS
 
 SYSTEM_PROMPTS = (
     "You are a scheduling assistant for a large serving cluster. ",

@@ -1,13 +1,16 @@
 """A tiny byte-level BPE tokenizer with a chat template, trained locally (no downloads).
 
 Used by ``conductor demo`` (gateway and emulated engines must tokenize alike) and by the
-test suite's tiny vLLM model. Deterministic: the corpus is generated from a fixed seed.
+test suite's tiny vLLM model. Deterministic: the corpus is generated from a fixed seed over
+:data:`conductor.hf.words.WORDS`.
 """
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
+
+from conductor.hf.words import WORDS
 
 SEED = 1234
 VOCAB_SIZE = 1024
@@ -19,108 +22,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-
-WORDS = [
-    "the",
-    "cache",
-    "holds",
-    "blocks",
-    "of",
-    "keys",
-    "and",
-    "values",
-    "for",
-    "every",
-    "token",
-    "a",
-    "model",
-    "has",
-    "seen",
-    "a",
-    "scheduler",
-    "sends",
-    "each",
-    "request",
-    "to",
-    "the",
-    "engine",
-    "that",
-    "already",
-    "has",
-    "its",
-    "prefix",
-    "prefill",
-    "computes",
-    "the",
-    "prompt",
-    "while",
-    "decode",
-    "produces",
-    "one",
-    "token",
-    "at",
-    "a",
-    "time",
-    "mooncake",
-    "stores",
-    "kv",
-    "blocks",
-    "in",
-    "a",
-    "shared",
-    "pool",
-    "across",
-    "many",
-    "machines",
-    "conductor",
-    "chooses",
-    "where",
-    "to",
-    "prefill",
-    "where",
-    "to",
-    "decode",
-    "and",
-    "which",
-    "blocks",
-    "to",
-    "move",
-    "latency",
-    "throughput",
-    "goodput",
-    "memory",
-    "bandwidth",
-    "network",
-    "transfer",
-    "reuse",
-    "eviction",
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-    "ten",
-    "red",
-    "green",
-    "blue",
-    "yellow",
-    "river",
-    "mountain",
-    "ocean",
-    "forest",
-    "city",
-    "garden",
-    "window",
-    "door",
-]
 
 
 def corpus(seed: int = SEED, lines: int = 4000) -> list[str]:

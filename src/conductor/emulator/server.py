@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from conductor.emulator.api import MAX_BODY_BYTES, build_app, error_factory
+from conductor.emulator.api import MAX_BODY_BYTES, build_app
 from conductor.emulator.config import EmulatorConfig
+from conductor.emulator.errors import error_factory
 from conductor.emulator.service import Emulator
 from conductor.emulator.tokenizer import Tokenizer
 from conductor.web.server import HttpServer, run, serve_until_stopped

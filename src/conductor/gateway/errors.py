@@ -1,12 +1,14 @@
-"""The gateway's errors and their one mapping to HTTP: ``{"error": {message, type, param?,
-code}}`` with the status the error carries (OpenAI's error shape; ``code`` is the status)."""
+"""The gateway's errors and their one mapping to HTTP: OpenAI's error shape
+(:func:`conductor.web.errors.error_body`, ``param`` left out when there is none) with OpenAI's
+type names and the status the error carries."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from conductor.core.errors import ConductorError
-from conductor.web.messages import Response, json_response
+from conductor.web import errors as web_errors
+from conductor.web.messages import Response
 
 
 class GatewayError(ConductorError):
@@ -28,14 +30,16 @@ class GatewayError(ConductorError):
         self.headers = dict(headers or {})
 
     def body(self) -> dict[str, object]:
-        err: dict[str, object] = {"message": self.message, "type": self.error_type}
-        if self.param is not None:
-            err["param"] = self.param
-        err["code"] = self.status
-        return {"error": err}
+        return web_errors.error_body(self.status, self.message, self.error_type, param=self.param)
 
     def response(self) -> Response:
-        return json_response(self.body(), self.status, self.headers or None)
+        return web_errors.error_response(
+            self.status,
+            self.message,
+            self.error_type,
+            param=self.param,
+            headers=self.headers or None,
+        )
 
 
 class BadRequest(GatewayError):
@@ -89,11 +93,6 @@ class UpstreamTimeout(GatewayError):
     error_type = "upstream_timeout"
 
 
-def error_body(status: int, message: str, error_type: str) -> dict[str, object]:
-    """The error shape for statuses that come from elsewhere (e.g. an engine's 4xx)."""
-    return {"error": {"message": message, "type": error_type, "code": status}}
-
-
 ERROR_TYPES = {
     400: "invalid_request_error",
     404: "not_found_error",
@@ -101,11 +100,8 @@ ERROR_TYPES = {
     413: "invalid_request_error",
     500: "server_error",
 }
+"""OpenAI's type names of the HTTP layer's own errors; any other status is ``error``."""
 
-
-def error_response(status: int, message: str, headers: Mapping[str, str] | None) -> Response:
-    """How the HTTP layer words its own errors (no route, wrong method, body too large,
-    malformed request, an unexpected failure): the same JSON shape as every other error."""
-    return json_response(
-        error_body(status, message, ERROR_TYPES.get(status, "error")), status, headers
-    )
+error_response = web_errors.status_error_factory(ERROR_TYPES, "error")
+"""How the HTTP layer words its own errors (no route, wrong method, body too large, malformed
+request, an unexpected failure): the same JSON shape as every other error."""

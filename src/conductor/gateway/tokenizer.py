@@ -1,31 +1,23 @@
-"""Turn a request into the token ids the engine will see, with the model's own tokenizer.
+"""Turn a request into the token ids the engine will see, and those into block hashes.
 
-:class:`HfTokenizer` loads a local Hugging Face tokenizer folder (``tokenizer.json``,
-``tokenizer_config.json``, chat template) with ``transformers.AutoTokenizer`` — never from the
-network — and reproduces vLLM's preprocessing: completions encode the prompt with
-``add_special_tokens`` (default on); chat renders the template to text (``tokenize=False``)
-and encodes that text with ``add_special_tokens`` (default off), as vLLM's OpenAI server does.
+vLLM's preprocessing, with the model's own tokenizer (:class:`conductor.hf.tokenizer.HfTokenizer`
+in production): completions encode the prompt with ``add_special_tokens`` (default on); chat
+renders the template to text (``tokenize=False``) and encodes that text with
+``add_special_tokens`` (default off), as vLLM's OpenAI server does.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from conductor.core.errors import ConductorError
 from conductor.core.hashing import hash_block, hash_blocks
 from conductor.core.types import BlockHash
 from conductor.gateway.errors import BadRequest
 from conductor.gateway.openai_api import ParsedRequest
-from conductor.hf.fast_bpe import FastByteLevelBpe
-from conductor.hf.rust import rust_backend
-
-
-class TokenizerLoadError(ConductorError):
-    """The model folder has no usable tokenizer."""
+from conductor.hf.tokenizer import ChatTemplateNotText, NoChatTemplate
 
 
 class PromptTokenizer(Protocol):
@@ -72,6 +64,10 @@ def prompt_token_ids(tokenizer: PromptTokenizer, req: ParsedRequest) -> list[int
         )
     except BadRequest:
         raise
+    except NoChatTemplate:
+        raise BadRequest("the model has no chat template; use /v1/completions") from None
+    except ChatTemplateNotText as exc:
+        raise BadRequest(str(exc), param="messages") from None
     except Exception as exc:  # jinja2 raises many types; none may reach the client raw
         raise BadRequest(f"cannot apply the chat template: {exc}", param="messages") from None
     return tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
@@ -90,86 +86,6 @@ def request_block_hashes(
         return []
     first = hash_block(None, token_ids[:block_size_tokens], (cache_salt,))
     return [first, *hash_blocks(token_ids[block_size_tokens:], block_size_tokens, parent=first)]
-
-
-class HfTokenizer:
-    """A local Hugging Face tokenizer (``transformers`` is imported on first use). Calls are
-    serialised: the gateway tokenizes long prompts in worker threads, and a Rust tokenizer
-    shared across threads can fail with "Already borrowed"."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tok = tokenizer
-        self._vocab_size = len(tokenizer)
-        self._lock = threading.Lock()
-        backend = rust_backend(tokenizer)
-        self._fast = None if backend is None else backend.encode_batch_fast
-        self._bpe = None if backend is None else FastByteLevelBpe.build(backend)
-
-    @classmethod
-    def load(cls, model_path: Path) -> HfTokenizer:
-        if (
-            not (model_path / "tokenizer.json").exists()
-            and not (model_path / "tokenizer_config.json").exists()
-        ):
-            raise TokenizerLoadError(f"no tokenizer.json or tokenizer_config.json in {model_path}")
-        try:
-            from transformers import AutoTokenizer
-        except ImportError as exc:  # the 'tokenizer' extra is not installed
-            raise TokenizerLoadError(
-                f"transformers is not installed ({exc}); install conductor[tokenizer]"
-            ) from exc
-        try:
-            tok = AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
-        except Exception as exc:  # transformers raises OSError, ValueError, ...
-            raise TokenizerLoadError(f"cannot load the tokenizer in {model_path}: {exc}") from exc
-        return cls(tok)
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    @property
-    def fast_path(self) -> str:
-        """Which encoder runs: ``byte-level-bpe`` (:mod:`conductor.hf.fast_bpe`),
-        ``rust`` (the Rust tokenizer directly) or ``transformers``."""
-        if self._bpe is not None:
-            return "byte-level-bpe"
-        return "rust" if self._fast is not None else "transformers"
-
-    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        with self._lock:
-            if self._bpe is not None:
-                ids = self._bpe.encode(text, add_special_tokens=add_special_tokens)
-                if ids is not None:
-                    return ids
-            if self._fast is not None:  # the Rust tokenizer itself, as transformers calls it
-                return list(self._fast([text], add_special_tokens=add_special_tokens)[0].ids)
-            ids = self._tok.encode(text, add_special_tokens=add_special_tokens)
-        return [int(i) for i in ids]
-
-    def render_chat(
-        self,
-        messages: Sequence[dict[str, object]],
-        *,
-        add_generation_prompt: bool,
-        continue_final_message: bool,
-        tools: Sequence[object] | None,
-        template_kwargs: dict[str, object],
-    ) -> str:
-        if getattr(self._tok, "chat_template", None) is None:
-            raise BadRequest("the model has no chat template; use /v1/completions")
-        with self._lock:
-            text = self._tok.apply_chat_template(
-                list(messages),
-                tools=None if tools is None else list(tools),
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                tokenize=False,
-                **template_kwargs,
-            )
-        if not isinstance(text, str):
-            raise BadRequest("the chat template did not render to text", param="messages")
-        return text
 
 
 def read_max_model_len(model_path: Path) -> int | None:
