@@ -39,7 +39,7 @@ def build_conductor(settings: ServeSettings) -> Scheduler:
 def run_server(settings: ServeSettings) -> None:
     from conductor.gateway import app
     from conductor.gateway.service import Gateway
-    from conductor.gateway.tokenizer import HfTokenizer
+    from conductor.hf.tokenizer import HfTokenizer
     from conductor.web.server import run, serve_until_stopped
 
     logging.basicConfig(
