@@ -25,8 +25,8 @@ from typing import Any
 
 from conductor.demo.tokenizer import make_tokenizer
 from conductor.gateway.tokenizer import HfTokenizer
-from conductor.gateway.wire import vllm_events_encode as enc
-from conductor.gateway.wire.vllm_events import _decode_payload_generic, decode_payload
+from conductor.wire import vllm_events_encode as enc
+from conductor.wire.vllm_events import _decode_payload_generic, decode_payload
 from conductor.hf.fast_bpe import FastByteLevelBpe
 
 

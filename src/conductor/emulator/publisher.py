@@ -24,8 +24,8 @@ import zmq
 import zmq.asyncio
 
 from conductor.emulator.blocks import CacheEvent, Cleared, Removed, Stored
-from conductor.gateway.wire import vllm_events_encode as enc
-from conductor.gateway.wire.vllm_events import SEQ_BYTES
+from conductor.wire import vllm_events_encode as enc
+from conductor.wire.vllm_events import SEQ_BYTES
 
 log = logging.getLogger(__name__)
 
