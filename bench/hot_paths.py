@@ -25,9 +25,9 @@ from typing import Any
 
 from conductor.demo.tokenizer import make_tokenizer
 from conductor.gateway.tokenizer import HfTokenizer
+from conductor.hf.fast_bpe import FastByteLevelBpe
 from conductor.wire import vllm_events_encode as enc
 from conductor.wire.vllm_events import _decode_payload_generic, decode_payload
-from conductor.hf.fast_bpe import FastByteLevelBpe
 
 
 def per_call_us(fn: Callable[[int], object], n: int, rounds: int = 5) -> float:

@@ -17,7 +17,7 @@ from conductor.core.errors import InvalidInput
 from conductor.core.types import Role
 from conductor.gateway.engines.registry import DEFAULT_KIND, check_kind
 
-ENGINE_KEYS = ("id", "url", "role", "kind", "kv_events", "replay", "model", "block_size", "topic")
+ENGINE_KEYS = ("id", "url", "role", "kv_events", "replay", "model", "block_size", "topic", "kind")
 """The keys an engine may be given (TOML table, ``--engine`` option, admin JSON body)."""
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
@@ -78,12 +78,12 @@ class EngineConfig:
             "id": self.engine_id,
             "url": self.url,
             "role": self.role.value,
-            "kind": self.kind,
             "kv_events": self.kv_events,
             "replay": self.replay,
             "model": self.model,
             "block_size": self.block_size_tokens,
             "topic": self.topic,
+            "kind": self.kind,
         }
 
 
@@ -129,17 +129,20 @@ def engine_from_mapping(
         block_size = int(block_size)
     if isinstance(block_size, bool) or not isinstance(block_size, int):
         raise InvalidInput(f"{where}.block_size", block_size, "must be an integer")
+    engine_id = text("id") or default_engine_id(url)
+    kv_events, replay, model = text("kv_events"), text("replay"), text("model")
+    topic, kind = text("topic") or "", text("kind") or DEFAULT_KIND
     try:
         return EngineConfig(
-            engine_id=text("id") or default_engine_id(url),
+            engine_id=engine_id,
             url=url,
             role=role,
-            kv_events=text("kv_events"),
-            replay=text("replay"),
-            model=text("model"),
+            kv_events=kv_events,
+            replay=replay,
+            model=model,
             block_size_tokens=block_size,
-            topic=text("topic") or "",
-            kind=text("kind") or DEFAULT_KIND,
+            topic=topic,
+            kind=kind,
         )
     except InvalidInput as exc:
         raise InvalidInput(f"{where}.{exc.field}", exc.value, exc.why) from None
