@@ -47,3 +47,12 @@ def test_wire_imports_nothing_of_gateway_or_emulator() -> None:
                 assert mod.startswith(("conductor.core", "conductor.wire")), (
                     f"wire/{f.name} imports {mod}"
                 )
+
+
+def test_only_the_engines_package_knows_engine_kinds() -> None:
+    """Outside ``gateway/engines/`` the gateway reaches a kind only through the registry."""
+    for f in sorted(GATEWAY.rglob("*.py")):
+        if f.parent.name == "engines":
+            continue
+        for mod in _imports(f):
+            assert not mod.startswith("conductor.gateway.engines.vllm"), f"{f.name} imports {mod}"

@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 TOKENIZE_INLINE_CHARS = 4096
 """Longer prompts are tokenized in a worker thread, off the event loop."""
 PATHS: dict[Kind, str] = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
+NOT_RUNNING = "the gateway is not running (use `async with gateway.running()`)"
 
 
 class RequestPath:
@@ -89,7 +90,7 @@ class RequestPath:
     @property
     def client(self) -> Upstream:
         if self.upstream is None:
-            raise RuntimeError("the gateway is not running (use `async with gateway.running()`)")
+            raise RuntimeError(NOT_RUNNING)
         return self.upstream
 
     def _next_request_id(self) -> str:

@@ -32,14 +32,13 @@ from conductor.gateway.membership import EngineSet
 from conductor.gateway.metrics import EngineSnapshot, GatewayMetrics
 from conductor.gateway.monitor import Monitor
 from conductor.gateway.openai_api import Kind, ParsedRequest
-from conductor.gateway.request_path import RequestPath
+from conductor.gateway.request_path import NOT_RUNNING, RequestPath
 from conductor.gateway.tokenizer import PromptTokenizer
 from conductor.gateway.upstream import HttpxUpstream, Upstream
 from conductor.web.client import RawHttpClient, Timeouts
 from conductor.web.messages import AnyResponse
 
 Clock = Callable[[], float]
-NOT_RUNNING = "the gateway is not running (use `async with gateway.running()`)"
 
 
 class Gateway:
