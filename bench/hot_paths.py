@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from conductor.demo.tokenizer import make_tokenizer
-from conductor.gateway.wire import vllm_events_encode as enc
-from conductor.gateway.wire.vllm_events import _decode_payload_generic, decode_payload
 from conductor.hf.fast_bpe import FastByteLevelBpe
 from conductor.hf.tokenizer import HfTokenizer
+from conductor.wire import vllm_events_encode as enc
+from conductor.wire.vllm_events import _decode_payload_generic, decode_payload
 
 
 def per_call_us(fn: Callable[[int], object], n: int, rounds: int = 5) -> float:

@@ -55,6 +55,7 @@ def test_check_prints_the_resolved_configuration(model_dir: Path) -> None:
             "model": None,
             "block_size": 32,
             "topic": "",
+            "kind": "vllm",
         },
         {
             "id": "dec",
@@ -65,6 +66,7 @@ def test_check_prints_the_resolved_configuration(model_dir: Path) -> None:
             "model": "served",
             "block_size": 32,
             "topic": "",
+            "kind": "vllm",
         },
     ]
 
@@ -148,7 +150,7 @@ def test_admin_token_from_environment(model_dir: Path) -> None:
         (
             ["--engine", "http://h:1,role=both,colour=red"],
             "invalid engines[0].colour='red': unknown key; known: ('id', 'url', 'role', "
-            "'kv_events', 'replay', 'model', 'block_size', 'topic')",
+            "'kv_events', 'replay', 'model', 'block_size', 'topic', 'kind')",
         ),
         (
             ["--engine", "http://h:1,both"],

@@ -13,7 +13,7 @@ from conductor.emulator.blocks import Removed, Stored
 from conductor.emulator.engine import EngineCore, EngineRequest, Status, StepResult
 from conductor.emulator.publisher import to_wire
 from conductor.gateway.kv_ingest import EngineHashMapper
-from conductor.gateway.wire.vllm_events import decode_event
+from conductor.wire.vllm_events import decode_event
 
 COST = preset("llama3-8b-h100")
 BS = 32

@@ -17,9 +17,11 @@ from conductor.core.events import BlocksRemoved, BlocksStored, KvEvent
 from conductor.core.hashing import hash_block, hash_blocks
 from conductor.core.types import InstanceId, Tier
 from conductor.emulator.config import EmulatorConfig
-from conductor.gateway.kv_ingest import EngineHashMapper, EngineKvIngest
-from conductor.gateway.wire.vllm_events import EngineBlockStored, decode_frames, encode_seq
-from conductor.gateway.wire.zmq_sub import VllmKvSubscriber
+from conductor.gateway.engines.vllm import vllm_kv_feed as VllmKvSubscriber
+from conductor.gateway.kv_feed import EngineKvIngest
+from conductor.gateway.kv_ingest import EngineHashMapper
+from conductor.wire.events import EngineBlockStored
+from conductor.wire.vllm_events import decode_frames, encode_seq
 from tests.emulator.helpers import EmulatorThread, running_emulator
 
 TOPIC = "kv"

@@ -1,4 +1,4 @@
-"""The emulator depends on ``core``, ``gateway.wire``, ``hf`` and the ``web`` server only
+"""The emulator depends on ``core``, ``wire``, ``hf`` and the ``web`` server only
 (cli -> emulator -> core); nothing outside ``cli`` imports the emulator."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import conductor
 SRC = Path(conductor.__file__).parent
 ALLOWED = (
     "conductor.core",
-    "conductor.gateway.wire",
+    "conductor.wire",
     "conductor.web",
     "conductor.hf",
     "conductor.emulator",

@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import httpx
 
 from conductor.core.config import SchedulerConfig
+from conductor.core.costmodel import preset
 from conductor.core.policies import policy_config_defaults
 from conductor.core.policies.colocated import ColocatedDecode
 from conductor.core.scheduler import Scheduler
 from conductor.core.types import Role
 from conductor.gateway import app as gateway_app
 from conductor.gateway.config import EngineConfig, GatewayConfig, MonitorConfig, UpstreamConfig
-from conductor.gateway.costs import gateway_preset
 from conductor.gateway.service import Gateway
 from conductor.web.router import Router
 from conductor.web.server import running
@@ -88,7 +88,7 @@ def make_gateway(
         admission=admission or str(defaults.get("admission", "off")),
         cpp_enabled=False,
     )
-    conductor = Scheduler(gateway_preset("tiny-cpu"), policy=policy, config=sched)
+    conductor = Scheduler(preset("tiny-cpu"), policy=policy, config=sched)
     conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
     cfg = GatewayConfig(
         model_name=MODEL,

@@ -50,10 +50,12 @@ async def test_tiny_ttft_slo_rejects_with_429_and_retry_after() -> None:
 def test_retry_after_grows_with_the_predicted_excess() -> None:
     gw = make_gateway([engine("e0", "http://10.0.0.1:8000")], admission="early")
     rejection_ttft = gw.conductor.config.ttft_slo_s + 7.2
-    err = gw._rejection_error(Rejection(RequestId("r"), "ttft_slo", "x", rejection_ttft, None))
+    err = gw.requests.rejection_error(
+        Rejection(RequestId("r"), "ttft_slo", "x", rejection_ttft, None)
+    )
     assert err.status == 429
     assert err.headers == {"Retry-After": "8"}
-    err = gw._rejection_error(Rejection(RequestId("r"), "kv_capacity", "x"))
+    err = gw.requests.rejection_error(Rejection(RequestId("r"), "kv_capacity", "x"))
     assert (err.status, err.headers) == (429, {"Retry-After": "1"})
 
 

@@ -13,8 +13,10 @@ from conductor.core.events import BlocksStored
 from conductor.core.hashing import hash_blocks
 from conductor.core.types import InstanceId
 from conductor.gateway.config import UpstreamConfig
+from conductor.gateway.engines.kind import ReportedLoad
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import (
+    admin_headers,
     client_for,
     closed_port_url,
     engine,
@@ -173,11 +175,14 @@ async def test_engine_metrics_are_polled_into_reported_load() -> None:
     fake = FakeEngine("a", running=3, waiting=2, kv_usage=0.25)
     async with serve(fake.app()) as url:
         gw = make_gateway([engine("a", url)])
-        state = gw.conductor.instances[InstanceId("a")]
+        handle = gw.handle("a")
         async with client_for(gw) as client:
-            await eventually(lambda: state.reported_running == 3)
-            assert (state.reported_waiting, state.reported_kv_usage) == (2, 0.25)
+            await eventually(lambda: handle.load.running == 3)
+            assert handle.load == ReportedLoad(running=3, waiting=2, kv_usage=0.25)
             metrics = (await client.get("/metrics")).text
+            listed = (await client.get("/admin/engines", headers=admin_headers())).json()
     assert 'conductor_engine_reported_running_requests{engine="a",role="both"} 3.0' in metrics
     assert 'conductor_engine_reported_waiting_requests{engine="a",role="both"} 2.0' in metrics
     assert 'conductor_engine_reported_kv_usage_ratio{engine="a",role="both"} 0.25' in metrics
+    (a,) = listed["engines"]
+    assert (a["reported_running"], a["reported_waiting"], a["reported_kv_usage"]) == (3, 2, 0.25)

@@ -24,7 +24,7 @@ from tests.gateway.harness import (
     make_gateway,
     serve,
 )
-from tests.gateway.test_zmq_sub import FakeVllmPublisher
+from tests.gateway.test_vllm_kv_feed import FakeVllmPublisher
 
 pytestmark = pytest.mark.anyio
 E1 = InstanceId("e1")
@@ -102,10 +102,10 @@ async def test_lost_events_clear_the_engine_and_the_index_refills() -> None:
                 await pub.publish(w.payload([w.stored([1, 2, 3, 4], tokens)]))
                 await eventually(lambda: gw.conductor.index.count(E1) == 4)
                 handle = gw.engines[E1]
-                assert handle.subscriber is not None
-                handle.subscriber.needs_resync = True  # as after a queue overflow
+                assert handle.feed is not None
+                handle.feed.needs_resync = True  # as after a queue overflow
                 await eventually(lambda: gw.conductor.index.count(E1) == 0)
-                assert not handle.subscriber.needs_resync
+                assert not handle.feed.needs_resync
                 # a gap without replay marks a resync too; later chains index again
                 await pub.publish(w.payload([w.stored([5], tokens[:4])]), deliver=False)
                 await pub.publish(w.payload([w.stored([6], tokens[4:8], parent=5)]))

@@ -12,8 +12,8 @@ from conductor.gateway.errors import BadRequest
 from conductor.gateway.kv_ingest import EngineHashMapper
 from conductor.gateway.openai_api import parse_chat, parse_completion
 from conductor.gateway.tokenizer import prompt_token_ids, request_block_hashes
-from conductor.gateway.wire.vllm_events import EngineBlockHash, EngineBlockStored
 from conductor.hf.tokenizer import HfTokenizer, TokenizerLoadError
+from conductor.wire.events import EngineBlockHash, EngineBlockStored
 from tests.engines.fixtures import TINY_MODEL
 from tests.hf.helpers import make_hf_tokenizer
 

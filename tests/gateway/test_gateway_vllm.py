@@ -19,14 +19,15 @@ import httpx
 import pytest
 
 from conductor.core.config import SchedulerConfig
+from conductor.core.costmodel import preset
 from conductor.core.policies.colocated import ColocatedDecode
 from conductor.core.scheduler import Scheduler
 from conductor.core.types import InstanceId, Role
 from conductor.gateway.config import EngineConfig, GatewayConfig, MonitorConfig, UpstreamConfig
-from conductor.gateway.costs import gateway_preset
 from conductor.gateway.openai_api import parse_chat
 from conductor.gateway.service import Gateway
-from conductor.gateway.tokenizer import HfTokenizer, prompt_token_ids, request_block_hashes
+from conductor.gateway.tokenizer import prompt_token_ids, request_block_hashes
+from conductor.hf.tokenizer import HfTokenizer
 from tests.engines.fixtures import (
     BLOCK_SIZE_TOKENS,
     SERVED_MODEL_NAME,
@@ -102,7 +103,7 @@ def real_gateway(engines: list[EngineConfig]) -> Gateway:
     sched = SchedulerConfig(
         block_size_tokens=BLOCK_SIZE_TOKENS, ttft_slo_s=30.0, admission="early", cpp_enabled=False
     )
-    conductor = Scheduler(gateway_preset("tiny-cpu"), policy="conductor", config=sched)
+    conductor = Scheduler(preset("tiny-cpu"), policy="conductor", config=sched)
     conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
     cfg = GatewayConfig(
         model_name=SERVED_MODEL_NAME,

@@ -6,15 +6,9 @@ import pytest
 
 from conductor.core.events import AllBlocksCleared, BlocksRemoved, BlocksStored
 from conductor.core.types import BlockHash, InstanceId, Tier
-from conductor.gateway.kv_ingest import (
-    EngineHashMapper,
-    EngineKvIngest,
-    MapperStats,
-    SeqCheck,
-    SeqTracker,
-    SeqVerdict,
-)
-from conductor.gateway.wire.vllm_events import (
+from conductor.gateway.kv_feed import EngineKvIngest, SeqCheck, SeqTracker, SeqVerdict
+from conductor.gateway.kv_ingest import EngineHashMapper, MapperStats
+from conductor.wire.events import (
     EngineAllBlocksCleared,
     EngineBlockHash,
     EngineBlockRemoved,

@@ -1,5 +1,7 @@
-"""Layering: the gateway imports the core, never the simulator, emulator or CLI; wire
-formats (msgpack, msgspec) stay under ``gateway/wire``."""
+"""Layering: the gateway imports the core, the wire formats and the web server, never the
+simulator, emulator or CLI; it decodes no wire format itself (msgpack stays in
+``conductor.wire``; msgspec only in ``conductor.wire`` and the gateway's JSON codec).
+``conductor.wire`` imports only the core."""
 
 from __future__ import annotations
 
@@ -7,10 +9,13 @@ import ast
 from pathlib import Path
 
 import conductor.gateway
+import conductor.wire
 
 GATEWAY = Path(conductor.gateway.__file__).parent
+WIRE = Path(conductor.wire.__file__).parent
 FORBIDDEN_PREFIXES = ("conductor.sim", "conductor.emulator", "conductor.cli", "conductor.workload")
 WIRE_ONLY = {"msgpack", "msgspec"}
+JSON_CODEC = GATEWAY / "json_codec.py"
 
 
 def _imports(path: Path) -> list[str]:
@@ -23,11 +28,31 @@ def _imports(path: Path) -> list[str]:
     return out
 
 
-def test_gateway_imports_only_core_and_itself() -> None:
+def test_gateway_imports_only_core_wire_web_and_itself() -> None:
     files = sorted(GATEWAY.rglob("*.py"))
     assert len(files) > 10
     for f in files:
         for mod in _imports(f):
             assert not mod.startswith(FORBIDDEN_PREFIXES), f"{f.name} imports {mod}"
             if mod.split(".")[0] in WIRE_ONLY:
-                assert f.parent.name == "wire", f"{f.name} decodes a wire format ({mod})"
+                assert (f, mod) == (JSON_CODEC, "msgspec"), f"{f.name} decodes a wire format"
+
+
+def test_wire_imports_nothing_of_gateway_or_emulator() -> None:
+    files = sorted(WIRE.rglob("*.py"))
+    assert {f.name for f in files} >= {"events.py", "vllm_events.py", "vllm_events_encode.py"}
+    for f in files:
+        for mod in _imports(f):
+            if mod == "conductor" or mod.startswith("conductor."):
+                assert mod.startswith(("conductor.core", "conductor.wire")), (
+                    f"wire/{f.name} imports {mod}"
+                )
+
+
+def test_only_the_engines_package_knows_engine_kinds() -> None:
+    """Outside ``gateway/engines/`` the gateway reaches a kind only through the registry."""
+    for f in sorted(GATEWAY.rglob("*.py")):
+        if f.parent.name == "engines":
+            continue
+        for mod in _imports(f):
+            assert not mod.startswith("conductor.gateway.engines.vllm"), f"{f.name} imports {mod}"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conductor.gateway.monitor import ReportedLoad, parse_vllm_metrics
+from conductor.gateway.engines.kind import ReportedLoad
+from conductor.gateway.engines.vllm import parse_vllm_metrics
 
 PAGE = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -13,9 +13,10 @@ from tokenizers import Tokenizer
 
 from conductor.core.events import BlocksStored, KvEvent
 from conductor.core.types import InstanceId, Tier
-from conductor.gateway.kv_ingest import EngineHashMapper, EngineKvIngest, SeqCheck
-from conductor.gateway.wire.vllm_events import EngineBlockStored, EngineEventBatch
-from conductor.gateway.wire.zmq_sub import VllmKvSubscriber
+from conductor.gateway.engines.vllm import vllm_kv_feed
+from conductor.gateway.kv_feed import EngineKvIngest, SeqCheck
+from conductor.gateway.kv_ingest import EngineHashMapper
+from conductor.wire.events import EngineBlockStored, EngineEventBatch
 from tests.engines.fixtures import TINY_MODEL, VllmEngine
 from tests.gateway.hashing_standin import chain, hash_block
 
@@ -82,7 +83,7 @@ def test_real_engine_events_map_to_our_chained_hashes(vllm_engine: VllmEngine) -
         ctx = zmq.asyncio.Context()
         queue: asyncio.Queue[KvEvent] = asyncio.Queue(maxsize=1000)
         ingest = RecordingIngest(EngineHashMapper(ENGINE, hash_block))
-        sub = VllmKvSubscriber(
+        sub = vllm_kv_feed(
             endpoint=vllm_engine.kv_endpoint,
             ingest=ingest,
             queue=queue,

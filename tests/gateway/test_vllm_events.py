@@ -6,9 +6,8 @@ import msgpack
 import pytest
 
 from conductor.core.errors import ConductorError
-from conductor.gateway.wire import vllm_events_encode as enc
-from conductor.gateway.wire.vllm_events import (
-    _TYPED,
+from conductor.wire import vllm_events_encode as enc
+from conductor.wire.events import (
     EngineAllBlocksCleared,
     EngineBlockHash,
     EngineBlockRemoved,
@@ -16,6 +15,9 @@ from conductor.gateway.wire.vllm_events import (
     EngineEventBatch,
     EngineUnknownEvent,
     WireError,
+)
+from conductor.wire.vllm_events import (
+    _TYPED,
     _decode_payload_generic,
     decode_event,
     decode_frames,

@@ -5,14 +5,9 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from conductor.gateway.wire import vllm_events_encode as enc
-from conductor.gateway.wire.vllm_events import (
-    EngineAllBlocksCleared,
-    EngineBlockRemoved,
-    EngineBlockStored,
-    decode_frames,
-    decode_seq,
-)
+from conductor.wire import vllm_events_encode as enc
+from conductor.wire.events import EngineAllBlocksCleared, EngineBlockRemoved, EngineBlockStored
+from conductor.wire.vllm_events import decode_frames, decode_seq
 from tests.gateway import vllm_wire as w
 
 TOKENS = list(range(100, 108))

@@ -23,7 +23,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel
+from conductor.core.policies.base import PrefillChoice, SchedulingContext
 from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId
 
@@ -115,3 +117,32 @@ def plan_pipeline(
         if best is None or queue + prefill < best.queue_s + best.prefill_s:
             best = plan
     return best
+
+
+def pipeline_if_faster(
+    cost: CostModel,
+    config: SchedulerConfig,
+    lead: InstanceState,
+    ctx: SchedulingContext,
+    pre: PrefillChoice,
+) -> PipelinePlan | None:
+    """The pipelined plan led by ``lead`` (the best single-node choice ``pre``) when the
+    prompt itself, not the queue, is what misses the SLO (CPP spends more node-time than one
+    node would, so it must not be a cure for overload) and it predicts a lower TTFT."""
+    slo = ctx.request.ttft_slo_s or config.ttft_slo_s
+    if pre.prefill_s + pre.transfer_s <= config.cpp_trigger_fraction * slo:
+        return None
+    cpp = plan_pipeline(
+        cost,
+        lead,
+        ctx.prefill_pool,
+        prompt_tokens=ctx.request.prompt_tokens,
+        cached_tokens=pre.cached_tokens,
+        now_s=ctx.now_s,
+        prefill_chunk_tokens=config.prefill_chunk_tokens,
+        max_nodes=config.cpp_max_nodes,
+        max_helper_queue_s=config.cpp_helper_queue_fraction * slo,
+    )
+    if cpp is None or cpp.queue_s + cpp.prefill_s >= pre.queue_s + pre.prefill_s:
+        return None
+    return cpp

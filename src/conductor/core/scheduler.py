@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from conductor.core.admission import DecodeForecast
-from conductor.core.chunked_pipeline import PipelinePlan, plan_pipeline
+from conductor.core.chunked_pipeline import PipelinePlan, pipeline_if_faster
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel
 from conductor.core.errors import InvalidInput, UnknownInstance
@@ -217,7 +217,11 @@ class Scheduler:
             return Rejection(request.request_id, "no_instance", "no schedulable instance")
         self._rr += 1
         pre = self.policy.choose_prefill(ctx)
-        cpp = self._maybe_cpp(ctx, pre) if self.config.cpp_enabled else None
+        cpp = (
+            pipeline_if_faster(self.cost, self.config, self.instances[pre.instance], ctx, pre)
+            if self.config.cpp_enabled
+            else None
+        )
         if cpp is not None:
             pre = replace(pre, queue_s=cpp.queue_s, prefill_s=cpp.prefill_s)
         dec = self.decode_policy.choose_decode(ctx, pre)
@@ -225,27 +229,6 @@ class Scheduler:
         if rejection is not None:
             return rejection
         return self._commit(ctx, pre, dec.instance, dec.tbt_s, cpp)
-
-    def _maybe_cpp(self, ctx: SchedulingContext, pre: PrefillChoice) -> PipelinePlan | None:
-        slo = ctx.request.ttft_slo_s or self.config.ttft_slo_s
-        # the prompt itself, not the queue, must be what misses the SLO: CPP spends more
-        # node-time than one node would, so it must not be a cure for overload
-        if pre.prefill_s + pre.transfer_s <= self.config.cpp_trigger_fraction * slo:
-            return None
-        cpp = plan_pipeline(
-            self.cost,
-            self.instances[pre.instance],
-            ctx.prefill_pool,
-            prompt_tokens=ctx.request.prompt_tokens,
-            cached_tokens=pre.cached_tokens,
-            now_s=ctx.now_s,
-            prefill_chunk_tokens=self.config.prefill_chunk_tokens,
-            max_nodes=self.config.cpp_max_nodes,
-            max_helper_queue_s=self.config.cpp_helper_queue_fraction * slo,
-        )
-        if cpp is None or cpp.queue_s + cpp.prefill_s >= pre.queue_s + pre.prefill_s:
-            return None
-        return cpp
 
     def _admit(
         self, ctx: SchedulingContext, pre: PrefillChoice, tbt_s: float, decode_fits: bool

@@ -139,10 +139,6 @@ class InstanceState:
     decode: DecodeState = field(default_factory=DecodeState)
     healthy: bool = True
     draining: bool = False
-    # Load reported by the engine itself (gateway: /metrics), used to correct ours.
-    reported_waiting: int = 0
-    reported_running: int = 0
-    reported_kv_usage: float = 0.0
 
     @property
     def instance_id(self) -> InstanceId:

@@ -1,6 +1,6 @@
 """Publish the emulated engine's KV events as vLLM does: ZMQ PUB + a replay ROUTER.
 
-Frames and payloads come from :mod:`conductor.gateway.wire.vllm_events_encode`. One batch per
+Frames and payloads come from :mod:`conductor.wire.vllm_events_encode`. One batch per
 engine step that produced events, sequence numbers from 0 per publisher; the last
 ``buffer_steps`` batches are kept for replay. A slow subscriber loses messages at the PUB
 socket's high-water mark (as with vLLM); the replay socket is how it catches up.
@@ -24,8 +24,8 @@ import zmq
 import zmq.asyncio
 
 from conductor.emulator.blocks import CacheEvent, Cleared, Removed, Stored
-from conductor.gateway.wire import vllm_events_encode as enc
-from conductor.gateway.wire.vllm_events import SEQ_BYTES
+from conductor.wire import vllm_events_encode as enc
+from conductor.wire.vllm_events import SEQ_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -5,14 +5,13 @@ OpenAI endpoints (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``)
 ``/metrics`` and the admin API (``/admin/engines``...), which needs ``Authorization: Bearer
 <token>``. Every error leaves as JSON ``{"error": {...}}``; nothing escapes as a traceback.
 :func:`server` builds the HTTP server (body limit, error shape) and :func:`lifespan` runs the
-gateway's background tasks around it.
+gateway's background tasks around it; the handlers are the methods of :class:`Handlers`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -24,12 +23,12 @@ from conductor.gateway.errors import (
     Forbidden,
     GatewayError,
     Unauthorized,
-    error_body,
     error_response,
 )
 from conductor.gateway.metrics import CONTENT_TYPE
 from conductor.gateway.openai_api import Kind, parse_json
 from conductor.gateway.service import Gateway
+from conductor.web.errors import error_body
 from conductor.web.messages import AnyResponse, Request, Response, json_response
 from conductor.web.router import Router
 from conductor.web.server import HttpServer
@@ -51,11 +50,34 @@ def lifespan(gateway: Gateway) -> AbstractAsyncContextManager[Gateway]:
 
 
 def create_app(gateway: Gateway) -> Router:
-    cfg = gateway.config
+    """The gateway's routes."""
+    h = Handlers(gateway)
     router = Router(error=error_response)
+    router.add("POST", "/v1/completions", h.generation("completion", "completions"))
+    router.add("POST", "/v1/chat/completions", h.generation("chat", "chat_completions"))
+    router.add("GET", "/v1/models", h.models)
+    router.add("GET", "/health", h.health)
+    router.add("GET", "/metrics", h.metrics)
+    router.add("GET", "/admin/engines", h.admin(h.list_engines))
+    router.add("POST", "/admin/engines", h.admin(h.add_engine))
+    router.add("DELETE", "/admin/engines/{engine_id}", h.admin(h.remove))
+    router.add("POST", "/admin/engines/{engine_id}/drain", h.admin(h.drain))
+    router.add("POST", "/admin/engines/{engine_id}/resume", h.admin(h.resume))
+    return router
 
-    def generation(kind: Kind, endpoint: str) -> Endpoint:
-        responses = gateway.metrics.responses
+
+class Handlers:
+    """The endpoints of one :class:`Gateway`; admin ones go through :meth:`admin`."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.config = gateway.config
+
+    def generation(self, kind: Kind, endpoint: str) -> Endpoint:
+        """The OpenAI endpoint ``endpoint`` for requests of ``kind``."""
+        gateway = self.gateway
+        metrics = gateway.metrics
+        responses = metrics.responses
 
         async def handler(request: Request) -> AnyResponse:
             try:
@@ -63,19 +85,20 @@ def create_app(gateway: Gateway) -> Router:
             except GatewayError as exc:
                 response = exc.response()
             except asyncio.CancelledError:  # the client went away
-                gateway.metrics.child(responses, endpoint, "499").inc()
+                metrics.child(responses, endpoint, "499").inc()
                 raise
             except Exception:
                 log.exception("unexpected error in %s", endpoint)
                 response = json_response(
                     error_body(500, "internal error in the gateway", "server_error"), 500
                 )
-            gateway.metrics.child(responses, endpoint, str(response.status)).inc()
+            metrics.child(responses, endpoint, str(response.status)).inc()
             return response
 
         return handler
 
-    async def models(request: Request) -> Response:
+    async def models(self, request: Request) -> Response:
+        cfg = self.config
         return json_response(
             {
                 "object": "list",
@@ -83,7 +106,7 @@ def create_app(gateway: Gateway) -> Router:
                     {
                         "id": cfg.model_name,
                         "object": "model",
-                        "created": int(gateway.started_at_wall_s),
+                        "created": int(self.gateway.started_at_wall_s),
                         "owned_by": "conductor",
                         "max_model_len": cfg.max_model_len,
                     }
@@ -91,10 +114,10 @@ def create_app(gateway: Gateway) -> Router:
             }
         )
 
-    async def health(request: Request) -> Response:
-        snaps = gateway.snapshot()
+    async def health(self, request: Request) -> Response:
+        snaps = self.gateway.snapshot()
         healthy = sum(1 for s in snaps if s.healthy)
-        ok = gateway.can_serve()
+        ok = self.gateway.can_serve()
         body = {
             "status": "ok" if ok else "unavailable",
             "engines": len(snaps),
@@ -102,11 +125,12 @@ def create_app(gateway: Gateway) -> Router:
         }
         return json_response(body, 200 if ok else 503)
 
-    async def metrics(request: Request) -> Response:
-        return Response(gateway.metrics.exposition(), media_type=CONTENT_TYPE)
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.gateway.metrics.exposition(), media_type=CONTENT_TYPE)
 
-    def authorize(request: Request) -> None:
-        token = cfg.admin_token
+    # -- admin API -----------------------------------------------------------------------
+    def authorize(self, request: Request) -> None:
+        token = self.config.admin_token
         if token is None:
             raise Forbidden("the admin API is disabled; start the gateway with --admin-token")
         challenge = {"WWW-Authenticate": "Bearer"}
@@ -121,10 +145,12 @@ def create_app(gateway: Gateway) -> Router:
         if not hmac.compare_digest(value.strip().encode(), token.encode()):
             raise Forbidden("invalid admin token")
 
-    def admin(fn: Endpoint) -> Endpoint:
+    def admin(self, fn: Endpoint) -> Endpoint:
+        """``fn`` behind the admin token, its errors as JSON answers."""
+
         async def handler(request: Request) -> AnyResponse:
             try:
-                authorize(request)
+                self.authorize(request)
                 return await fn(request)
             except GatewayError as exc:
                 return exc.response()
@@ -133,10 +159,10 @@ def create_app(gateway: Gateway) -> Router:
 
         return handler
 
-    def engine_json(engine_id: str) -> dict[str, object]:
-        handle = gateway.handle(engine_id)
+    def engine_json(self, engine_id: str) -> dict[str, object]:
+        handle = self.gateway.handle(engine_id)
         out = handle.config.to_json()
-        snap = next((s for s in gateway.snapshot() if s.engine_id == engine_id), None)
+        snap = next((s for s in self.gateway.snapshot() if s.engine_id == engine_id), None)
         if snap is not None:
             out.update(
                 healthy=snap.healthy,
@@ -154,48 +180,28 @@ def create_app(gateway: Gateway) -> Router:
             )
         return out
 
-    async def list_engines(request: Request) -> Response:
-        return json_response({"engines": [engine_json(e) for e in gateway.engines]})
+    async def list_engines(self, request: Request) -> Response:
+        return json_response({"engines": [self.engine_json(e) for e in self.gateway.engines]})
 
-    async def add_engine(request: Request) -> Response:
+    async def add_engine(self, request: Request) -> Response:
         values = parse_json(request.body)
         engine = engine_from_mapping(
-            values, default_block_size=cfg.block_size_tokens, where="engine"
+            values, default_block_size=self.config.block_size_tokens, where="engine"
         )
-        gateway.add_engine(engine)
-        return json_response(engine_json(engine.engine_id), 201)
+        self.gateway.add_engine(engine)
+        return json_response(self.engine_json(engine.engine_id), 201)
 
-    async def drain(request: Request) -> Response:
+    async def drain(self, request: Request) -> Response:
         engine_id = request.path_params["engine_id"]
-        gateway.set_draining(engine_id, True)
-        return json_response(engine_json(engine_id))
+        self.gateway.set_draining(engine_id, True)
+        return json_response(self.engine_json(engine_id))
 
-    async def resume(request: Request) -> Response:
+    async def resume(self, request: Request) -> Response:
         engine_id = request.path_params["engine_id"]
-        gateway.set_draining(engine_id, False)
-        return json_response(engine_json(engine_id))
+        self.gateway.set_draining(engine_id, False)
+        return json_response(self.engine_json(engine_id))
 
-    async def remove(request: Request) -> Response:
+    async def remove(self, request: Request) -> Response:
         engine_id = request.path_params["engine_id"]
-        lost = gateway.remove_engine(engine_id)
+        lost = self.gateway.remove_engine(engine_id)
         return json_response({"removed": engine_id, "inflight_requests_on_it": lost})
-
-    async def engines_root(request: Request) -> Response:
-        return await (add_engine if request.method == "POST" else list_engines)(request)
-
-    router.add("POST", "/v1/completions", generation("completion", "completions"))
-    router.add("POST", "/v1/chat/completions", generation("chat", "chat_completions"))
-    router.add("GET", "/v1/models", models)
-    router.add("GET", "/health", health)
-    router.add("GET", "/metrics", metrics)
-    router.add("GET", "/admin/engines", admin(list_engines))
-    router.add("POST", "/admin/engines", admin(add_engine))
-    router.add("DELETE", "/admin/engines/{engine_id}", admin(remove))
-    router.add("POST", "/admin/engines/{engine_id}/drain", admin(drain))
-    router.add("POST", "/admin/engines/{engine_id}/resume", admin(resume))
-    return router
-
-
-def dumps(value: object) -> str:
-    """Compact JSON (for logs and tests)."""
-    return json.dumps(value, separators=(",", ":"))

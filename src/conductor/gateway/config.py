@@ -15,20 +15,12 @@ from urllib.parse import urlsplit
 
 from conductor.core.errors import InvalidInput
 from conductor.core.types import Role
+from conductor.gateway.engines.registry import DEFAULT_KIND, check_kind
 
-ENGINE_KEYS = ("id", "url", "role", "kv_events", "replay", "model", "block_size", "topic")
+ENGINE_KEYS = ("id", "url", "role", "kv_events", "replay", "model", "block_size", "topic", "kind")
 """The keys an engine may be given (TOML table, ``--engine`` option, admin JSON body)."""
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
-KV_TRANSFER_PARAMS_PREFILL: Mapping[str, object] = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
-"""What the prefill leg carries for NIXL/Mooncake-style connectors (vLLM toy proxy)."""
 
 
 def _check_url(name: str, value: str, schemes: tuple[str, ...]) -> str:
@@ -40,9 +32,10 @@ def _check_url(name: str, value: str, schemes: tuple[str, ...]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """One upstream engine (a vLLM OpenAI server).
+    """One upstream engine (an OpenAI server of some engine kind).
 
     ``url``: its HTTP base (``http://host:port``); ``role``: prefill, decode or both;
+    ``kind``: the engine kind's registered name (:mod:`conductor.gateway.engines.registry`);
     ``kv_events``: its KV-event PUB endpoint (``tcp://host:port``; None: the gateway learns
     nothing about its cache); ``replay``: its replay ROUTER endpoint, if any; ``model``: the
     model name to send upstream (None: the gateway's own model name); ``block_size_tokens``:
@@ -58,12 +51,14 @@ class EngineConfig:
     model: str | None = None
     block_size_tokens: int = 16
     topic: str = ""
+    kind: str = DEFAULT_KIND
 
     def __post_init__(self) -> None:
         if not _ID_RE.match(self.engine_id):
             raise InvalidInput(
                 "id", self.engine_id, "must be 1-128 of [A-Za-z0-9_.:@-], starting alphanumeric"
             )
+        check_kind(self.kind)
         _check_url("url", self.url, ("http", "https"))
         if self.url.endswith("/"):
             raise InvalidInput("url", self.url, "must not end with '/'")
@@ -88,6 +83,7 @@ class EngineConfig:
             "model": self.model,
             "block_size": self.block_size_tokens,
             "topic": self.topic,
+            "kind": self.kind,
         }
 
 
@@ -133,16 +129,20 @@ def engine_from_mapping(
         block_size = int(block_size)
     if isinstance(block_size, bool) or not isinstance(block_size, int):
         raise InvalidInput(f"{where}.block_size", block_size, "must be an integer")
+    engine_id = text("id") or default_engine_id(url)
+    kv_events, replay, model = text("kv_events"), text("replay"), text("model")
+    topic, kind = text("topic") or "", text("kind") or DEFAULT_KIND
     try:
         return EngineConfig(
-            engine_id=text("id") or default_engine_id(url),
+            engine_id=engine_id,
             url=url,
             role=role,
-            kv_events=text("kv_events"),
-            replay=text("replay"),
-            model=text("model"),
+            kv_events=kv_events,
+            replay=replay,
+            model=model,
             block_size_tokens=block_size,
-            topic=text("topic") or "",
+            topic=topic,
+            kind=kind,
         )
     except InvalidInput as exc:
         raise InvalidInput(f"{where}.{exc.field}", exc.value, exc.why) from None
@@ -161,8 +161,9 @@ class UpstreamConfig:
     """Schedules per request: retries go to another engine after a failure to start."""
     kv_transfer_params: bool = False
     """Disaggregated flow for NIXL/Mooncake connectors: the prefill leg carries
-    :data:`KV_TRANSFER_PARAMS_PREFILL` and its answer's ``kv_transfer_params`` go to the
-    decode leg. Off for vLLM's ExampleConnector (shared folder), which needs none."""
+    :data:`~conductor.gateway.engines.vllm.KV_TRANSFER_PARAMS_PREFILL` and its answer's
+    ``kv_transfer_params`` go to the decode leg. Off for vLLM's ExampleConnector (shared
+    folder), which needs none."""
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "read_timeout_s", "request_timeout_s"):

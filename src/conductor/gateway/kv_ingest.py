@@ -1,29 +1,25 @@
 """Turn one engine's decoded KV events into canonical core events (pure: no sockets, no clock).
 
-Two pieces, one of each per engine:
-
-- :class:`EngineHashMapper` maps the engine's block hashes to *our* chained block hashes,
-  recomputed from the token ids the engine publishes, and translates events into
-  :mod:`conductor.core.events` with ``holder`` = the engine's instance id.
-- :class:`SeqTracker` follows the publisher's sequence numbers and classifies each batch as
-  in order, a gap, a duplicate or an engine restart.
+:class:`EngineHashMapper` (one per engine) maps the engine's block hashes to *our* chained
+block hashes, recomputed from the token ids the engine publishes, and translates
+:mod:`conductor.wire.events` into :mod:`conductor.core.events` with ``holder`` = the engine's
+instance id. The order of the engine's batches (gaps, replays, restarts) is
+:mod:`conductor.gateway.kv_feed`'s business.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from conductor.core.events import AllBlocksCleared, BlocksRemoved, BlocksStored, KvEvent
 from conductor.core.types import BlockHash, InstanceId, Tier
-from conductor.gateway.wire.vllm_events import (
+from conductor.wire.events import (
     EngineAllBlocksCleared,
     EngineBlockHash,
     EngineBlockRemoved,
     EngineBlockStored,
     EngineEvent,
-    EngineEventBatch,
     EngineUnknownEvent,
 )
 
@@ -187,124 +183,3 @@ class EngineHashMapper:
         if not ours:
             return None
         return BlocksRemoved(holder=self.holder, block_hashes=tuple(ours), tier=tier, seq=seq)
-
-
-class SeqVerdict(enum.Enum):
-    """How a batch's sequence number relates to what came before."""
-
-    FIRST = "first"
-    """The first batch seen (the subscriber may have joined mid-stream)."""
-    IN_ORDER = "in_order"
-    GAP = "gap"
-    """Batches ``expected .. got - 1`` were missed."""
-    DUPLICATE = "duplicate"
-    """Already seen (e.g. a live batch that a replay also delivered): ignore it."""
-    RESTART = "restart"
-    """The publisher started over: everything it reported before is void."""
-
-
-@dataclass(frozen=True, slots=True)
-class SeqCheck:
-    verdict: SeqVerdict
-    got: int
-    expected: int | None = None
-
-    @property
-    def missed(self) -> int:
-        """How many batches a gap skipped (0 for other verdicts)."""
-        if self.verdict is SeqVerdict.GAP and self.expected is not None:
-            return self.got - self.expected
-        return 0
-
-
-class SeqTracker:
-    """Follows one publisher's sequence numbers (vLLM: 0, 1, 2, ... per engine process).
-
-    Rules, for a batch ``(seq, ts)`` after the last accepted ``(last_seq, last_ts)``:
-
-    - ``seq == last_seq + 1``: in order;
-    - ``seq > last_seq + 1``: gap (``expected = last_seq + 1``); the tracker moves on to ``seq``;
-    - ``seq <= last_seq`` and ``ts > last_ts``: the sequence went backwards while time went
-      forwards, so the engine restarted (this covers seq 0 after a restart whose first batches
-      were missed); the tracker starts over at ``seq``;
-    - ``seq <= last_seq`` and ``ts <= last_ts``: a duplicate (replays overlap live batches).
-
-    Invariant: ``expected`` is None before the first batch, else last accepted seq + 1.
-    """
-
-    def __init__(self) -> None:
-        self.expected: int | None = None
-        self.last_ts: float | None = None
-        self.gaps = 0
-        self.missed = 0
-        self.duplicates = 0
-        self.restarts = 0
-
-    def observe(self, seq: int, ts: float) -> SeqCheck:
-        """Classify ``seq`` and, unless it is a duplicate, accept it."""
-        expected, last_ts = self.expected, self.last_ts
-        if expected is None or last_ts is None:
-            check = SeqCheck(SeqVerdict.FIRST, seq)
-        elif seq == expected:
-            check = SeqCheck(SeqVerdict.IN_ORDER, seq, expected)
-        elif seq > expected:
-            check = SeqCheck(SeqVerdict.GAP, seq, expected)
-            self.gaps += 1
-            self.missed += seq - expected
-        elif ts > last_ts:
-            check = SeqCheck(SeqVerdict.RESTART, seq, expected)
-            self.restarts += 1
-        else:
-            self.duplicates += 1
-            return SeqCheck(SeqVerdict.DUPLICATE, seq, expected)
-        self.expected = seq + 1
-        if last_ts is None or check.verdict is SeqVerdict.RESTART:
-            self.last_ts = ts
-        else:
-            self.last_ts = max(ts, last_ts)
-        return check
-
-    def reset(self) -> None:
-        """Forget the stream position (a fresh subscription)."""
-        self.expected = None
-        self.last_ts = None
-
-
-class EngineKvIngest:
-    """One engine's ingest pipeline: sequence check, then translation into core events.
-
-    Two steps so a shell can fill a gap (replayed batches, via :meth:`apply_unchecked`)
-    between noticing it (:meth:`check`) and applying the batch that revealed it
-    (:meth:`apply`). A restart clears the mapper and emits ``AllBlocksCleared`` first.
-    """
-
-    def __init__(self, mapper: EngineHashMapper, tracker: SeqTracker | None = None) -> None:
-        self.mapper = mapper
-        self.tracker = tracker if tracker is not None else SeqTracker()
-
-    @property
-    def holder(self) -> InstanceId:
-        return self.mapper.holder
-
-    def check(self, batch: EngineEventBatch) -> SeqCheck:
-        return self.tracker.observe(batch.seq, batch.ts)
-
-    def apply(self, batch: EngineEventBatch, check: SeqCheck) -> list[KvEvent]:
-        """Core events for ``batch`` given its ``check`` (none for a duplicate)."""
-        if check.verdict is SeqVerdict.DUPLICATE:
-            return []
-        out: list[KvEvent] = []
-        if check.verdict is SeqVerdict.RESTART:
-            self.mapper.clear()
-            out.append(AllBlocksCleared(holder=self.holder, tier=None, seq=batch.seq))
-        out.extend(self.mapper.translate_all(batch.events, batch.seq))
-        return out
-
-    def apply_unchecked(self, batch: EngineEventBatch) -> list[KvEvent]:
-        """Core events for a batch that fills a known gap (bypasses the tracker)."""
-        return self.mapper.translate_all(batch.events, batch.seq)
-
-    def ingest(self, batch: EngineEventBatch) -> tuple[SeqCheck, list[KvEvent]]:
-        """:meth:`check` then :meth:`apply`, for shells that do not replay."""
-        check = self.check(batch)
-        return check, self.apply(batch, check)

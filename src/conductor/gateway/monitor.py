@@ -1,77 +1,87 @@
-"""Health checks and load polling of engines (one HTTP call each; the loops live in the
-service). The load comes from the engine's Prometheus text at ``/metrics``: only the three
-gauges are read, by a line scan (a vLLM page holds hundreds of histogram lines; parsing them
-all with ``prometheus_client.parser`` cost more CPU than a hundred requests)."""
+"""The gateway's two monitor loops: engine health and engine-reported load.
+
+Each round probes every engine at once through its kind
+(:meth:`~conductor.gateway.engines.kind.EngineKind.probe_health`,
+:meth:`~conductor.gateway.engines.kind.EngineKind.read_load`). A failed health probe takes the
+engine out of scheduling, a passed one brings it back; the polled load is kept in the engine's
+handle (``handle.load``) and exported in ``/metrics`` and the admin API.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import logging
 
 import httpx
 
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = "vllm:kv_cache_usage_perc"
+from conductor.gateway.config import MonitorConfig
+from conductor.gateway.engines.handle import EngineHandle
+from conductor.gateway.kv_pump import KvPump
+from conductor.gateway.membership import EngineSet
+from conductor.gateway.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class ReportedLoad:
-    """What an engine says about itself (summed over its label sets, e.g. DP ranks)."""
+class Monitor:
+    """Runs the health and load loops over the engines of an :class:`EngineSet`.
 
-    running: int
-    waiting: int
-    kv_usage: float
-    """Fraction 0..1 of the KV cache in use (vLLM names it ``_perc`` but reports 0..1)."""
+    Invariant: a probe's result is applied only if its engine was not removed (or replaced)
+    while the probe ran.
+    """
 
+    def __init__(
+        self,
+        engines: EngineSet,
+        kv: KvPump,
+        config: MonitorConfig,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.engines = engines
+        self.kv = kv
+        self.config = config
+        self.metrics = metrics
 
-_FIRST = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_:#")
+    async def health_loop(self, client: httpx.AsyncClient) -> None:
+        while True:
+            try:
+                self.kv.resync_if_needed()
+                handles = list(self.engines.engines.values())
+                await asyncio.gather(*(self._check_one(client, h) for h in handles))
+            except Exception:
+                log.exception("health check round failed")
+            await asyncio.sleep(self.config.health_interval_s)
 
-
-def parse_vllm_metrics(text: str) -> ReportedLoad:
-    """The load gauges of a vLLM ``/metrics`` page, summed over label sets (KV usage
-    averaged); missing gauges count as 0. Raises ``ValueError`` when the text is not
-    Prometheus exposition format (a line that starts like no sample or comment, or a gauge
-    sample without a number)."""
-    sums = {RUNNING: 0.0, WAITING: 0.0, KV_USAGE: 0.0}
-    counts = dict.fromkeys(sums, 0)
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        if line[0] not in _FIRST:
-            raise ValueError(f"not Prometheus text: {line[:80]!r}")
-        if not line.startswith("vllm:"):
-            continue
-        brace = line.find("{")
-        space = line.find(" ")
-        if brace != -1 and (space == -1 or brace < space):
-            name, rest = line[:brace], line[line.rindex("}") + 1 :]
+    async def _check_one(self, client: httpx.AsyncClient, handle: EngineHandle) -> None:
+        why = await handle.kind.probe_health(
+            client, handle.config.url, self.config.health_timeout_s
+        )
+        if not self.engines.current(handle):
+            return
+        if why is None:
+            self.engines.mark_healthy(handle)
         else:
-            name, rest = line[:space], line[space:]
-        if name in sums:
-            fields = rest.split()
-            if not fields:
-                raise ValueError(f"sample without a value: {line[:80]!r}")
-            sums[name] += float(fields[0])
-            counts[name] += 1
-    usage = sums[KV_USAGE] / counts[KV_USAGE] if counts[KV_USAGE] else 0.0
-    return ReportedLoad(round(sums[RUNNING]), round(sums[WAITING]), usage)
+            self.engines.mark_unhealthy(handle.engine_id, f"health: {why}")
 
+    async def load_loop(self, client: httpx.AsyncClient) -> None:
+        while True:
+            try:
+                handles = list(self.engines.engines.values())
+                await asyncio.gather(*(self._poll_one(client, h) for h in handles))
+            except Exception:
+                log.exception("load poll round failed")
+            await asyncio.sleep(self.config.load_interval_s)
 
-async def check_health(client: httpx.AsyncClient, base_url: str, timeout_s: float) -> str | None:
-    """None if ``GET /health`` answers 200 in time, else why not."""
-    try:
-        resp = await client.get(f"{base_url}/health", timeout=timeout_s)
-    except httpx.TimeoutException:
-        return "timeout"
-    except httpx.HTTPError as exc:
-        return type(exc).__name__
-    if resp.status_code != 200:
-        return f"status {resp.status_code}"
-    return None
-
-
-async def poll_load(client: httpx.AsyncClient, base_url: str, timeout_s: float) -> ReportedLoad:
-    """The engine's reported load; raises ``httpx.HTTPError`` or ``ValueError``."""
-    resp = await client.get(f"{base_url}/metrics", timeout=timeout_s)
-    resp.raise_for_status()
-    return parse_vllm_metrics(resp.text)
+    async def _poll_one(self, client: httpx.AsyncClient, handle: EngineHandle) -> None:
+        try:
+            load = await handle.kind.read_load(
+                client, handle.config.url, self.config.health_timeout_s
+            )
+        except (httpx.HTTPError, ValueError) as exc:
+            self.metrics.load_polls.labels(handle.engine_id, "error").inc()
+            log.debug("engine %s: /metrics poll failed: %s", handle.engine_id, exc)
+            return
+        if not self.engines.current(handle):
+            return
+        handle.load = load
+        self.metrics.load_polls.labels(handle.engine_id, "ok").inc()

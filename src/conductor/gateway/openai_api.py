@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from conductor.gateway import json_codec
 from conductor.gateway.errors import BadRequest
-from conductor.gateway.wire import json_codec
 
 Kind = Literal["completion", "chat"]
 COMPLETION_DEFAULT_MAX_TOKENS = 16

@@ -15,11 +15,11 @@ from collections.abc import AsyncGenerator, Mapping
 
 import httpx
 
-from conductor.gateway.config import KV_TRANSFER_PARAMS_PREFILL
-from conductor.gateway.errors import UpstreamError, UpstreamTimeout, error_body
+from conductor.gateway import json_codec
+from conductor.gateway.errors import UpstreamError, UpstreamTimeout
 from conductor.gateway.flight import Flight, Outcome
 from conductor.gateway.upstream import Upstream, UpstreamResponse
-from conductor.gateway.wire import json_codec
+from conductor.web.errors import error_body
 from conductor.web.messages import Response, StreamResponse
 
 log = logging.getLogger(__name__)
@@ -184,39 +184,8 @@ async def relay(
         yield error if at_boundary else b"\n\n" + error
 
 
-def prefill_body(
-    body: Mapping[str, object], model: str, *, kv_transfer_params: bool
-) -> dict[str, object]:
-    """The prefill leg of the disaggregated flow: one token, not streamed."""
+def upstream_body(body: Mapping[str, object], model: str) -> dict[str, object]:
+    """The client's body for an engine, under the engine's model name."""
     out = dict(body)
     out["model"] = model
-    out["max_tokens"] = 1
-    if "max_completion_tokens" in out:
-        out["max_completion_tokens"] = 1
-    out["stream"] = False
-    for key in ("stream_options", "min_tokens", "n", "best_of"):
-        out.pop(key, None)
-    if kv_transfer_params:
-        out["kv_transfer_params"] = dict(KV_TRANSFER_PARAMS_PREFILL)
     return out
-
-
-def upstream_body(
-    body: Mapping[str, object], model: str, kv_params: Mapping[str, object] | None = None
-) -> dict[str, object]:
-    """The client's body for an engine (its model name; the prefill's KV params if any)."""
-    out = dict(body)
-    out["model"] = model
-    if kv_params is not None:
-        out["kv_transfer_params"] = dict(kv_params)
-    return out
-
-
-def kv_params_of(content: bytes) -> dict[str, object] | None:
-    """``kv_transfer_params`` of a prefill answer, if it has any."""
-    try:
-        data = json.loads(content)
-    except ValueError:
-        return None
-    params = data.get("kv_transfer_params") if isinstance(data, dict) else None
-    return params if isinstance(params, dict) else None

@@ -8,7 +8,7 @@ import asyncio
 import httpx
 import pytest
 
-from conductor.gateway.upstream import RawHttpClient, Timeouts
+from conductor.web.client import RawHttpClient, Timeouts
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""The ZMQ subscriber against real sockets: a test publisher that behaves like vLLM's
+"""The KV feed on vLLM's ZMQ sockets (``vllm_kv_feed``): a test publisher that behaves like vLLM's
 ``ZmqEventPublisher`` (PUB frames ``[topic, seq, payload]``, replay ROUTER answering
 ``[id, b"", topic, seq, payload]`` ... ``[id, b"", b"", -1, b""]``)."""
 
@@ -13,8 +13,10 @@ import zmq.asyncio
 
 from conductor.core.events import AllBlocksCleared, BlocksRemoved, BlocksStored, KvEvent
 from conductor.core.types import InstanceId, Tier
-from conductor.gateway.kv_ingest import EngineHashMapper, EngineKvIngest
-from conductor.gateway.wire.zmq_sub import SubscriberStats, VllmKvSubscriber
+from conductor.gateway.engines.vllm import vllm_kv_feed
+from conductor.gateway.engines.vllm_zmq import decode_message
+from conductor.gateway.kv_feed import EngineKvIngest, FeedStats, KvFeed
+from conductor.gateway.kv_ingest import EngineHashMapper
 from tests.gateway import vllm_wire as w
 from tests.gateway.hashing_standin import chain, hash_block
 
@@ -77,7 +79,7 @@ class FakeVllmPublisher:
         self.router.close(linger=0)
 
 
-Scenario = Callable[[FakeVllmPublisher, VllmKvSubscriber], Awaitable[None]]
+Scenario = Callable[[FakeVllmPublisher, KvFeed], Awaitable[None]]
 
 
 def run_scenario(
@@ -87,12 +89,12 @@ def run_scenario(
     queue_size: int = 100,
     serve_replay: bool = True,
     replay_timeout_s: float = 2.0,
-) -> VllmKvSubscriber:
-    async def main() -> VllmKvSubscriber:
+) -> KvFeed:
+    async def main() -> KvFeed:
         ctx = zmq.asyncio.Context()
         publisher = FakeVllmPublisher(ctx)
         queue: asyncio.Queue[KvEvent] = asyncio.Queue(maxsize=queue_size)
-        sub = VllmKvSubscriber(
+        sub = vllm_kv_feed(
             endpoint=publisher.endpoint,
             ingest=EngineKvIngest(EngineHashMapper(P0, hash_block)),
             queue=queue,
@@ -119,7 +121,7 @@ def run_scenario(
     return asyncio.run(main())
 
 
-async def take(sub: VllmKvSubscriber, n: int) -> list[KvEvent]:
+async def take(sub: KvFeed, n: int) -> list[KvEvent]:
     return [await sub.queue.get() for _ in range(n)]
 
 
@@ -132,7 +134,7 @@ def stored_payload(
 def test_subscriber_receives_and_translates_vllm_frames() -> None:
     got: list[KvEvent] = []
 
-    async def scenario(pub: FakeVllmPublisher, sub: VllmKvSubscriber) -> None:
+    async def scenario(pub: FakeVllmPublisher, sub: KvFeed) -> None:
         # The map form of the batch, and vLLM 0.32's own array form, in one stream.
         await pub.publish(stored_payload([11, 12], TOKENS[:8], ts=1.0))
         await pub.publish(w.payload([w.stored([13, 14], TOKENS[8:], parent=12)], ts=1.1))
@@ -149,7 +151,7 @@ def test_subscriber_receives_and_translates_vllm_frames() -> None:
         BlocksRemoved(holder=P0, block_hashes=(FULL[3], FULL[2]), tier=Tier.GPU, seq=2),
         AllBlocksCleared(holder=P0, tier=None, seq=3),
     ]
-    assert sub.stats == SubscriberStats(batches=4, events_out=4)
+    assert sub.stats == FeedStats(batches=4, events_out=4)
     assert sub.needs_resync is False
     assert sub.depth == 0
 
@@ -158,7 +160,7 @@ def test_gap_is_filled_from_replay_in_order() -> None:
     got: list[KvEvent] = []
     requests: list[int] = []
 
-    async def scenario(pub: FakeVllmPublisher, sub: VllmKvSubscriber) -> None:
+    async def scenario(pub: FakeVllmPublisher, sub: KvFeed) -> None:
         await pub.publish(stored_payload([11], TOKENS[:4], ts=1.0))
         await pub.publish(stored_payload([12], TOKENS[4:8], parent=11, ts=1.1), deliver=False)
         await pub.publish(stored_payload([13], TOKENS[8:12], parent=12, ts=1.2), deliver=False)
@@ -169,7 +171,7 @@ def test_gap_is_filled_from_replay_in_order() -> None:
     sub = run_scenario(scenario)
     assert got == [BlocksStored(holder=P0, block_hashes=(FULL[i],), seq=i) for i in range(4)]
     assert requests == [1]
-    assert sub.stats == SubscriberStats(batches=2, events_out=4, replays=1)
+    assert sub.stats == FeedStats(batches=2, events_out=4, replays=1)
     assert sub.ingest.tracker.gaps == 1
     assert sub.needs_resync is False
 
@@ -177,7 +179,7 @@ def test_gap_is_filled_from_replay_in_order() -> None:
 def test_joining_mid_stream_catches_up_from_replay() -> None:
     got: list[KvEvent] = []
 
-    async def scenario(pub: FakeVllmPublisher, sub: VllmKvSubscriber) -> None:
+    async def scenario(pub: FakeVllmPublisher, sub: KvFeed) -> None:
         await pub.publish(stored_payload([11, 12], TOKENS[:8]), deliver=False)
         await pub.publish(stored_payload([13, 14], TOKENS[8:], parent=12))
         got.extend(await take(sub, 2))
@@ -194,7 +196,7 @@ def test_joining_mid_stream_catches_up_from_replay() -> None:
 def test_gap_without_replay_endpoint_marks_resync() -> None:
     got: list[KvEvent] = []
 
-    async def scenario(pub: FakeVllmPublisher, sub: VllmKvSubscriber) -> None:
+    async def scenario(pub: FakeVllmPublisher, sub: KvFeed) -> None:
         await pub.publish(stored_payload([11], TOKENS[:4], ts=1.0))
         await pub.publish(stored_payload([12], TOKENS[4:8], parent=11, ts=1.1), deliver=False)
         await pub.publish(stored_payload([21], TOKENS[:4], ts=1.2))
@@ -214,7 +216,7 @@ def test_gap_without_replay_endpoint_marks_resync() -> None:
 def test_replay_that_never_answers_times_out_and_marks_resync() -> None:
     got: list[KvEvent] = []
 
-    async def scenario(pub: FakeVllmPublisher, sub: VllmKvSubscriber) -> None:
+    async def scenario(pub: FakeVllmPublisher, sub: KvFeed) -> None:
         await pub.publish(stored_payload([11], TOKENS[:4], ts=1.0))
         await pub.publish(stored_payload([12], TOKENS[4:8], parent=11, ts=1.1), deliver=False)
         await pub.publish(stored_payload([13], TOKENS[8:12], parent=12, ts=1.2))
@@ -232,7 +234,7 @@ def test_replay_that_never_answers_times_out_and_marks_resync() -> None:
 def test_restart_emits_all_blocks_cleared() -> None:
     got: list[KvEvent] = []
 
-    async def scenario(pub: FakeVllmPublisher, sub: VllmKvSubscriber) -> None:
+    async def scenario(pub: FakeVllmPublisher, sub: KvFeed) -> None:
         await pub.publish(stored_payload([11], TOKENS[:4], ts=1.0))
         await pub.publish(stored_payload([12], TOKENS[4:8], parent=11, ts=1.1))
         pub.next_seq = 0  # a new engine process
@@ -251,9 +253,9 @@ def test_restart_emits_all_blocks_cleared() -> None:
     assert len(sub.ingest.mapper) == 1
 
 
-def _socketless(queue_size: int) -> VllmKvSubscriber:
+def _socketless(queue_size: int) -> KvFeed:
     queue: asyncio.Queue[KvEvent] = asyncio.Queue(maxsize=queue_size)
-    return VllmKvSubscriber(
+    return vllm_kv_feed(
         endpoint="tcp://127.0.0.1:1",
         ingest=EngineKvIngest(EngineHashMapper(P0, hash_block)),
         queue=queue,
@@ -261,28 +263,28 @@ def _socketless(queue_size: int) -> VllmKvSubscriber:
 
 
 def test_full_queue_counts_drops_and_marks_resync() -> None:
-    async def main() -> VllmKvSubscriber:
+    async def main() -> KvFeed:
         sub = _socketless(queue_size=1)
         body = w.map_payload([w.stored([11], TOKENS[:4]), w.stored([12], TOKENS[4:8], 11)])
-        await sub.handle_frames(w.frames(0, body))
-        await sub.handle_frames(w.frames(1, w.map_payload([w.AllBlocksCleared()], ts=1.0)))
+        await sub.handle(decode_message(w.frames(0, body)))
+        await sub.handle(decode_message(w.frames(1, w.map_payload([w.AllBlocksCleared()], ts=1.0))))
         return sub
 
     sub = asyncio.run(main())
     assert sub.depth == 1
     assert sub.queue.get_nowait() == BlocksStored(holder=P0, block_hashes=(FULL[0],), seq=0)
-    assert sub.stats == SubscriberStats(batches=2, events_out=1, drops=2)
+    assert sub.stats == FeedStats(batches=2, events_out=1, drops=2)
     assert sub.needs_resync is True
 
 
 def test_undecodable_message_is_counted_and_skipped() -> None:
-    async def main() -> VllmKvSubscriber:
+    async def main() -> KvFeed:
         sub = _socketless(queue_size=10)
-        await sub.handle_frames([b"kv", b"\x00" * 8, b"\xc1"])
-        await sub.handle_frames([b"kv"])
-        await sub.handle_frames(w.frames(0, stored_payload([11], TOKENS[:4])))
+        await sub.handle(decode_message([b"kv", b"\x00" * 8, b"\xc1"]))
+        await sub.handle(decode_message([b"kv"]))
+        await sub.handle(decode_message(w.frames(0, stored_payload([11], TOKENS[:4]))))
         return sub
 
     sub = asyncio.run(main())
-    assert sub.stats == SubscriberStats(batches=1, events_out=1, decode_errors=2)
+    assert sub.stats == FeedStats(batches=1, events_out=1, decode_errors=2)
     assert sub.needs_resync is True

@@ -26,86 +26,33 @@ arrive as ints (the low 64 bits of vLLM's digest, the default) or raw bytes
 low 64 bits, big-endian). Anything structurally wrong raises :class:`WireError` naming the
 offending field.
 
-An engine's block hash is *not* our :class:`~conductor.core.types.BlockHash`; the gateway
-maps one to the other (:mod:`conductor.gateway.kv_ingest`).
+The decoded values are :mod:`conductor.wire.events`; an engine's block hash is *not* our
+:class:`~conductor.core.types.BlockHash` (the gateway maps one to the other).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NewType
+from typing import Any
 
 import msgpack
 import msgspec
 
-from conductor.core.errors import ConductorError
-
-EngineBlockHash = NewType("EngineBlockHash", int)
-"""An engine's own 64-bit block hash, as published in its KV events."""
+from conductor.wire.events import (
+    EngineAllBlocksCleared,
+    EngineBlockHash,
+    EngineBlockRemoved,
+    EngineBlockStored,
+    EngineEvent,
+    EngineEventBatch,
+    EngineUnknownEvent,
+    WireError,
+)
 
 _U64_MASK = (1 << 64) - 1
 SEQ_BYTES = 8
 END_OF_REPLAY_SEQ = -1
 """The sequence number vLLM's replay socket sends after the last buffered batch."""
-
-
-class WireError(ConductorError, ValueError):
-    """A frame or payload from an engine does not have the shape the wire format promises."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineBlockStored:
-    """The engine stored ``len(engine_hashes)`` full blocks chained after ``parent_engine_hash``.
-
-    ``token_ids`` holds ``block_size`` tokens per block, in order. ``extra_keys`` has one entry
-    per block (``None`` or a tuple of the block's extra hash inputs: LoRA name, multimodal
-    ``(id, offset)`` pairs, cache salt), or is empty when the engine did not send any.
-    """
-
-    engine_hashes: tuple[EngineBlockHash, ...]
-    parent_engine_hash: EngineBlockHash | None
-    token_ids: tuple[int, ...]
-    block_size: int
-    medium: str | None = None
-    lora_name: str | None = None
-    extra_keys: tuple[tuple[object, ...] | None, ...] = ()
-    group_idx: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EngineBlockRemoved:
-    """The engine evicted ``engine_hashes`` from ``medium``."""
-
-    engine_hashes: tuple[EngineBlockHash, ...]
-    medium: str | None = None
-    group_idx: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EngineAllBlocksCleared:
-    """The engine dropped its whole prefix cache."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineUnknownEvent:
-    """An event type this decoder does not know (a newer vLLM); consumers skip it."""
-
-    type_name: str
-
-
-EngineEvent = EngineBlockStored | EngineBlockRemoved | EngineAllBlocksCleared | EngineUnknownEvent
-
-
-@dataclass(frozen=True, slots=True)
-class EngineEventBatch:
-    """One published batch: the publisher's ``seq``, its wall-clock ``ts`` and its events."""
-
-    topic: bytes
-    seq: int
-    ts: float
-    events: tuple[EngineEvent, ...]
-    dp_rank: int | None = None
 
 
 # Positional field names after the tag, per event type (older vLLM, ``array_like=True``).
@@ -146,6 +93,25 @@ def decode_frames(frames: Sequence[bytes]) -> EngineEventBatch:
     seq = decode_seq(raw_seq)
     if seq < 0:
         raise WireError(f"negative sequence number {seq} on the event stream")
+    ts, events, dp_rank = decode_payload(payload)
+    return EngineEventBatch(topic=bytes(topic), seq=seq, ts=ts, events=events, dp_rank=dp_rank)
+
+
+def decode_replay(frames: Sequence[bytes], topic: bytes) -> EngineEventBatch | None:
+    """Decode one reply of the replay socket: ``[b"", topic, seq, payload]`` (vLLM 0.32) or
+    ``[b"", seq, payload]`` (then ``topic`` is the subscription's); None at the end marker."""
+    body = list(frames[1:]) if frames and frames[0] == b"" else list(frames)
+    if len(body) == 3:
+        topic, raw_seq, payload = body
+    elif len(body) == 2:
+        raw_seq, payload = body
+    else:
+        raise WireError(f"replay reply must have 2 or 3 frames, got {len(body)}")
+    seq = decode_seq(raw_seq)
+    if seq == END_OF_REPLAY_SEQ:
+        return None
+    if seq < 0:
+        raise WireError(f"negative sequence number {seq} in replay")
     ts, events, dp_rank = decode_payload(payload)
     return EngineEventBatch(topic=bytes(topic), seq=seq, ts=ts, events=events, dp_rank=dp_rank)
 

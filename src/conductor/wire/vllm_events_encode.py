@@ -1,6 +1,6 @@
 """Encode KV-cache events exactly as vLLM 0.32 publishes them (the emulator's side of the wire).
 
-The inverse of :mod:`conductor.gateway.wire.vllm_events`; byte-for-byte what vLLM's msgspec
+The inverse of :mod:`conductor.wire.vllm_events`; byte-for-byte what vLLM's msgspec
 structs produce (``EventBatch`` is ``array_like``, events are tagged maps with
 ``omit_defaults``)::
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import msgpack
 
-from conductor.gateway.wire.vllm_events import END_OF_REPLAY_SEQ, encode_seq
+from conductor.wire.vllm_events import END_OF_REPLAY_SEQ, encode_seq
 
 DEFAULT_MEDIUM = "GPU"
 FULL_ATTENTION = "full_attention"

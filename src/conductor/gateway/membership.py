@@ -1,0 +1,134 @@
+"""Which engines the gateway has, and in what state: add, remove, drain, mark unhealthy.
+
+:class:`EngineSet` keeps one :class:`~conductor.gateway.engines.handle.EngineHandle` per engine
+beside the scheduler's ``instances`` and is the one place both change together. It also
+answers the read-only questions about them (:meth:`EngineSet.snapshot` for ``/metrics`` and
+the admin API, :meth:`EngineSet.can_serve` for ``/health``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from conductor.core.events import AllBlocksCleared
+from conductor.core.scheduler import Scheduler
+from conductor.core.state import InstanceSpec
+from conductor.core.types import InstanceId
+from conductor.gateway.config import EngineConfig, GatewayConfig, check_engine_fits
+from conductor.gateway.engines.handle import EngineHandle, make_handle
+from conductor.gateway.errors import Conflict, NotFound
+from conductor.gateway.metrics import EngineSnapshot, GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+NO_FETCH_BYTES_PER_S = 1e-3
+"""Engines cannot pull each other's KV blocks through the gateway (no shared store): a
+fetch is priced out by a vanishing cross-engine bandwidth, so plans reuse local caches only."""
+
+
+class EngineSet:
+    """The gateway's engines.
+
+    Invariant: ``engines`` and ``conductor.instances`` hold the same ids (every change goes
+    through :meth:`add` and :meth:`remove`).
+    """
+
+    def __init__(self, config: GatewayConfig, conductor: Scheduler, metrics: GatewayMetrics):
+        self.config = config
+        self.conductor = conductor
+        self.metrics = metrics
+        self.engines: dict[InstanceId, EngineHandle] = {}
+
+    def add(self, config: EngineConfig) -> EngineHandle:
+        check_engine_fits(config, self.config.block_size_tokens, where="engine")
+        engine_id = InstanceId(config.engine_id)
+        if engine_id in self.engines or engine_id in self.conductor.instances:
+            raise Conflict(f"engine {engine_id!r} already exists", param="id")
+        self.conductor.add_instance(
+            InstanceSpec(engine_id, config.role, nic_bytes_per_s=NO_FETCH_BYTES_PER_S)
+        )
+        handle = make_handle(config, queue_size=self.config.monitor.kv_queue_size)
+        self.engines[engine_id] = handle
+        log.info("engine %s added (%s, %s)", engine_id, config.role.value, config.url)
+        return handle
+
+    def get(self, engine_id: str) -> EngineHandle:
+        handle = self.engines.get(InstanceId(engine_id))
+        if handle is None:
+            raise NotFound(f"no engine {engine_id!r}", param="id")
+        return handle
+
+    def remove(self, engine_id: str) -> int:
+        """Forget the engine; returns how many in-flight requests were placed on it (they
+        finish or fail on their own; their bookkeeping left with the engine)."""
+        handle = self.get(engine_id)
+        handle.cancel_tasks()
+        del self.engines[handle.engine_id]
+        lost = self.conductor.remove_instance(handle.engine_id)
+        log.info("engine %s removed (%d in-flight requests on it)", engine_id, len(lost))
+        return len(lost)
+
+    def set_draining(self, engine_id: str, draining: bool) -> None:
+        handle = self.get(engine_id)
+        self.conductor.set_draining(handle.engine_id, draining=draining)
+        log.info("engine %s %s", engine_id, "draining" if draining else "resumed")
+
+    def mark_unhealthy(self, engine_id: InstanceId, reason: str) -> None:
+        """Take the engine out of scheduling and its blocks out of the index (it may have
+        restarted with an empty cache); the health loop brings it back."""
+        handle = self.engines.get(engine_id)
+        state = self.conductor.instances.get(engine_id)
+        if handle is None or state is None or not state.healthy:
+            return
+        self.conductor.set_health(engine_id, healthy=False)
+        self.clear_blocks(handle)
+        self.metrics.engine_failures.labels(engine_id, reason.split(":")[0]).inc()
+        log.warning("engine %s marked unhealthy: %s", engine_id, reason)
+
+    def mark_healthy(self, handle: EngineHandle) -> None:
+        """The engine answered its health probe: schedule on it again if it was out."""
+        if not self.conductor.instances[handle.engine_id].healthy:
+            self.conductor.set_health(handle.engine_id, healthy=True)
+            log.info("engine %s healthy again", handle.engine_id)
+
+    def clear_blocks(self, handle: EngineHandle) -> None:
+        """Forget what the engine caches: our hash map of it and its index entries."""
+        if handle.ingest is not None:
+            handle.ingest.mapper.clear()
+        self.conductor.on_event(AllBlocksCleared(handle.engine_id))
+
+    def current(self, handle: EngineHandle) -> bool:
+        """Whether ``handle`` is still the engine's (not removed, or replaced, meanwhile)."""
+        return self.engines.get(handle.engine_id) is handle
+
+    def snapshot(self) -> list[EngineSnapshot]:
+        out: list[EngineSnapshot] = []
+        for engine_id, handle in self.engines.items():
+            state = self.conductor.instances.get(engine_id)
+            if state is None:
+                continue
+            feed = handle.feed
+            out.append(
+                EngineSnapshot(
+                    engine_id=engine_id,
+                    role=handle.config.role.value,
+                    healthy=state.healthy,
+                    draining=state.draining,
+                    queued_requests=state.prefill.queued_requests,
+                    queued_prefill_tokens=state.prefill.queued_tokens,
+                    running_requests=state.decode.batch_size,
+                    kv_reserved_tokens=state.decode.kv_reserved_tokens,
+                    reported_waiting=handle.load.waiting,
+                    reported_running=handle.load.running,
+                    reported_kv_usage=handle.load.kv_usage,
+                    indexed_blocks=self.conductor.index.count(engine_id),
+                    kv_queue_depth=handle.kv_queue_depth,
+                    kv_events_dropped=0 if feed is None else feed.stats.drops,
+                    kv_needs_resync=False if feed is None else feed.needs_resync,
+                )
+            )
+        return out
+
+    def can_serve(self) -> bool:
+        prefill, decode = self.conductor.pools()
+        return bool(prefill) and bool(decode)

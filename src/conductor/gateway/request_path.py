@@ -1,0 +1,331 @@
+"""The request path: one OpenAI request from its body to the engine's answer.
+
+:meth:`RequestPath.generate`: parse, tokenize, hash the prompt's full blocks, ``schedule()``;
+a rejection becomes 429 (or 503 when no engine can serve); a plan runs in aggregated mode
+(one engine) or disaggregated mode (the prefill leg, then the real request to the decode
+engine, both shaped by the engines' kind). An attempt that an engine did not start is
+scheduled again, up to ``max_attempts``; the failed engine is marked unhealthy meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable
+
+from conductor.core.errors import InvalidInput
+from conductor.core.plan import Plan, Rejection
+from conductor.core.scheduler import Scheduler
+from conductor.core.types import InstanceId, Request, RequestId, Role
+from conductor.gateway.config import GatewayConfig
+from conductor.gateway.engines.handle import EngineHandle
+from conductor.gateway.errors import (
+    BadRequest,
+    GatewayError,
+    NoEngine,
+    NotFound,
+    Overloaded,
+    UpstreamTimeout,
+)
+from conductor.gateway.flight import Flight, Mode, Outcome
+from conductor.gateway.membership import EngineSet
+from conductor.gateway.metrics import GatewayMetrics
+from conductor.gateway.openai_api import (
+    COMPLETION_DEFAULT_MAX_TOKENS,
+    Kind,
+    ParsedRequest,
+    parse_json,
+    parse_request,
+)
+from conductor.gateway.proxy import (
+    NotStarted,
+    open_upstream,
+    passthrough,
+    read_body,
+    tracked_stream,
+    upstream_body,
+)
+from conductor.gateway.tokenizer import PromptTokenizer, prompt_token_ids, request_block_hashes
+from conductor.gateway.upstream import Upstream
+from conductor.web.messages import AnyResponse, Response
+
+log = logging.getLogger(__name__)
+
+TOKENIZE_INLINE_CHARS = 4096
+"""Longer prompts are tokenized in a worker thread, off the event loop."""
+PATHS: dict[Kind, str] = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
+NOT_RUNNING = "the gateway is not running (use `async with gateway.running()`)"
+
+
+class RequestPath:
+    """Serves requests on the engines of an :class:`EngineSet` (see the module docstring).
+
+    Invariant: every scheduled attempt ends in exactly one :class:`Flight` outcome.
+    ``upstream`` is set while the gateway runs (None otherwise).
+    """
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        conductor: Scheduler,
+        tokenizer: PromptTokenizer,
+        engines: EngineSet,
+        metrics: GatewayMetrics,
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self.conductor = conductor
+        self.tokenizer = tokenizer
+        self.engines = engines
+        self.metrics = metrics
+        self.clock = clock
+        self.upstream: Upstream | None = None
+        self._rid_prefix = secrets.token_hex(4)
+        self._rid_counter = itertools.count(1)
+
+    @property
+    def client(self) -> Upstream:
+        if self.upstream is None:
+            raise RuntimeError(NOT_RUNNING)
+        return self.upstream
+
+    def _next_request_id(self) -> str:
+        return f"gw-{self._rid_prefix}-{next(self._rid_counter)}"
+
+    async def tokenize(self, req: ParsedRequest) -> list[int]:
+        size = len(req.prompt_text or "") + sum(len(str(m.get("content"))) for m in req.messages)
+        if size <= TOKENIZE_INLINE_CHARS:
+            return prompt_token_ids(self.tokenizer, req)
+        return await asyncio.to_thread(prompt_token_ids, self.tokenizer, req)
+
+    def output_budget(self, req: ParsedRequest, prompt_tokens: int) -> int:
+        """Checks lengths against ``max_model_len`` (vLLM's rules) and returns the output
+        tokens to reserve: ``max_tokens`` (default: 16 for completions, the rest of the
+        context for chat) times ``n``."""
+        limit = self.config.max_model_len
+        param = "prompt" if req.kind == "completion" else "messages"
+        if prompt_tokens == 0:
+            raise BadRequest("the prompt has no tokens", param=param)
+        if prompt_tokens >= limit:
+            raise BadRequest(
+                f"This model's maximum context length is {limit} tokens. However, your "
+                f"request has {prompt_tokens} input tokens. Please reduce the length of the "
+                "input.",
+                param=param,
+            )
+        room = limit - prompt_tokens
+        if req.max_tokens is not None and req.max_tokens > room:
+            raise BadRequest(
+                f"'max_tokens' is too large: {req.max_tokens}. This model's maximum context "
+                f"length is {limit} tokens and your request has {prompt_tokens} input tokens "
+                f"({req.max_tokens} > {limit} - {prompt_tokens}).",
+                param="max_tokens",
+            )
+        per_choice = req.max_tokens
+        if per_choice is None:
+            per_choice = COMPLETION_DEFAULT_MAX_TOKENS if req.kind == "completion" else room
+        return min(per_choice, room) * req.n
+
+    async def generate(self, kind: Kind, raw_body: bytes) -> AnyResponse:
+        """One OpenAI request, start to finish; raises :class:`GatewayError` for the client."""
+        req = parse_request(kind, parse_json(raw_body))
+        if req.model != self.config.model_name:
+            raise NotFound(f"The model `{req.model}` does not exist.", param="model")
+        token_ids = await self.tokenize(req)
+        output_tokens = self.output_budget(req, len(token_ids))
+        hashes = tuple(
+            request_block_hashes(token_ids, self.config.block_size_tokens, req.cache_salt)
+        )
+        base_id = self._next_request_id()
+        deadline = asyncio.get_running_loop().time() + self.config.upstream.request_timeout_s
+        attempts = self.config.upstream.max_attempts
+        failures: list[str] = []
+        for attempt in range(attempts):
+            rid = RequestId(base_id if attempt == 0 else f"{base_id}-retry{attempt}")
+            now = self.clock()
+            request = Request(rid, len(token_ids), hashes, output_tokens, arrival_s=now)
+            try:
+                plan = self._schedule(request, now)
+            except NoEngine as exc:
+                if not failures:
+                    raise
+                raise NoEngine(
+                    f"no engine could start the request: {'; '.join(failures)}; {exc.message}",
+                    headers=exc.headers,
+                ) from None
+            flight = Flight(
+                self.conductor,
+                plan,
+                self._mode(plan),
+                clock=self.clock,
+                metrics=self.metrics,
+                scheduled_at_s=now,
+            )
+            try:
+                return await self._execute(req, flight, deadline)
+            except NotStarted as exc:
+                flight.close(Outcome.RETRIED)
+                if exc.engine_at_fault:
+                    self.engines.mark_unhealthy(InstanceId(exc.engine_id), f"request: {exc.reason}")
+                self.metrics.retries.labels(exc.reason).inc()
+                failures.append(str(exc))
+                log.warning("request %s: %s (attempt %d/%d)", rid, exc, attempt + 1, attempts)
+            except TimeoutError:
+                flight.close(Outcome.TIMEOUT)
+                raise UpstreamTimeout(
+                    f"no answer within {self.config.upstream.request_timeout_s:g} s"
+                ) from None
+            except asyncio.CancelledError:
+                flight.close(Outcome.CLIENT_DISCONNECT)
+                raise
+            except BaseException:
+                flight.close(Outcome.ERROR)
+                raise
+        raise NoEngine(
+            f"no engine could start the request after {attempts} attempts: {'; '.join(failures)}",
+            headers={"Retry-After": "1"},
+        )
+
+    def _schedule(self, request: Request, now: float) -> Plan:
+        policy = self.conductor.policy_name
+        t0 = time.perf_counter()
+        try:
+            decision = self.conductor.schedule(request, now)
+        except InvalidInput as exc:
+            raise BadRequest(str(exc)) from None
+        elapsed_s = time.perf_counter() - t0
+        if isinstance(decision, Rejection):
+            self.metrics.child(self.metrics.decision_latency, policy).observe(elapsed_s)
+            self.metrics.decisions.labels(policy, "rejected").inc()
+            self.metrics.rejections.labels(decision.code).inc()
+            raise self.rejection_error(decision)
+        # recorded on the loop's next pass: after the request went out to the engine
+        asyncio.get_running_loop().call_soon(
+            self._record_decision, policy, elapsed_s, decision, request.prompt_tokens
+        )
+        return decision
+
+    def _record_decision(
+        self, policy: str, elapsed_s: float, plan: Plan, prompt_tokens: int
+    ) -> None:
+        m = self.metrics
+        m.child(m.decision_latency, policy).observe(elapsed_s)
+        m.child(m.decisions, policy, "accepted").inc()
+        m.child(m.predicted_ttft, policy).observe(plan.predicted_ttft_s)
+        m.child(m.cache_hit_tokens, policy).inc(plan.cached_tokens)
+        m.child(m.prompt_tokens, policy).inc(prompt_tokens)
+
+    def rejection_error(self, rejection: Rejection) -> GatewayError:
+        retry_s = 1
+        slo = self.conductor.config.ttft_slo_s
+        if rejection.code == "ttft_slo" and rejection.predicted_ttft_s is not None:
+            retry_s = max(1, math.ceil(rejection.predicted_ttft_s - slo))
+        headers = {"Retry-After": str(retry_s)}
+        message = f"request rejected ({rejection.code}): {rejection.reason}"
+        if rejection.code == "no_instance":
+            return NoEngine(message, headers=headers)
+        return Overloaded(message, headers=headers)
+
+    def _mode(self, plan: Plan) -> Mode:
+        prefill = self.engines.engines[plan.prefill].config
+        if plan.prefill == plan.decode or prefill.role is Role.BOTH:
+            return Mode.AGGREGATED
+        return Mode.DISAGGREGATED
+
+    def _headers(self, flight: Flight) -> dict[str, str]:
+        return {
+            "x-conductor-request-id": flight.request_id,
+            "x-conductor-prefill": flight.plan.prefill,
+            "x-conductor-decode": flight.decode
+            if flight.mode is Mode.DISAGGREGATED
+            else flight.plan.prefill,
+            "x-conductor-mode": flight.mode.value,
+            "x-conductor-cached-tokens": str(flight.plan.cached_tokens),
+        }
+
+    def _model_for(self, handle: EngineHandle) -> str:
+        return handle.upstream_model or self.config.model_name
+
+    async def _execute(self, req: ParsedRequest, flight: Flight, deadline: float) -> AnyResponse:
+        plan = flight.plan
+        path = PATHS[req.kind]
+        prefill = self.engines.engines[plan.prefill]
+        if flight.mode is Mode.AGGREGATED:
+            body = upstream_body(req.body, self._model_for(prefill))
+            return await self._final_leg(req, prefill, body, flight, deadline)
+        # disaggregated: the prefill leg computes (and hands off) the prompt's KV
+        transfer_params = self.config.upstream.kv_transfer_params
+        leg = prefill.kind.prefill_body(
+            req.body, self._model_for(prefill), transfer_params=transfer_params
+        )
+        resp = await open_upstream(
+            self.client,
+            prefill.engine_id,
+            prefill.config.url + path,
+            leg,
+            deadline=deadline,
+            headers={"X-Request-Id": f"{flight.request_id}-prefill"},
+        )
+        content = await read_body(resp, flight, deadline=deadline)
+        if resp.status_code != 200:
+            flight.close(Outcome.UPSTREAM_ERROR)
+            return passthrough(resp.status_code, content, self._headers(flight))
+        flight.prefill_finished()
+        self.metrics.observed_prefill.labels(plan.policy).observe(
+            self.clock() - flight.scheduled_at_s
+        )
+        decode_id = self._confirm_decode(flight)
+        decode = self.engines.engines[decode_id]
+        body = decode.kind.decode_body(
+            req.body, self._model_for(decode), content, transfer_params=transfer_params
+        )
+        return await self._final_leg(req, decode, body, flight, deadline)
+
+    def _confirm_decode(self, flight: Flight) -> InstanceId:
+        """The decode instance; under ``baseline`` admission it is chosen (and checked) only
+        now that prefill is over."""
+        if self.conductor.config.admission != "baseline":
+            return flight.decode
+        choice = self.conductor.confirm_decode(flight.request_id, self.clock())
+        if isinstance(choice, Rejection):
+            flight.close(Outcome.ERROR)
+            self.metrics.rejections.labels(choice.code).inc()
+            raise self.rejection_error(choice)
+        flight.set_decode(choice)
+        return choice
+
+    async def _final_leg(
+        self,
+        req: ParsedRequest,
+        engine: EngineHandle,
+        body: dict[str, object],
+        flight: Flight,
+        deadline: float,
+    ) -> AnyResponse:
+        """The leg whose answer goes to the client (streamed or whole)."""
+        url = engine.config.url + PATHS[req.kind]
+        resp = await open_upstream(
+            self.client,
+            engine.engine_id,
+            url,
+            body,
+            deadline=deadline,
+            headers={"X-Request-Id": flight.request_id},
+        )
+        headers = self._headers(flight)
+        if resp.status_code != 200:
+            content = await read_body(resp, flight, deadline=deadline)
+            flight.close(Outcome.UPSTREAM_ERROR)
+            return passthrough(resp.status_code, content, headers)
+        if req.stream:
+            return tracked_stream(flight, resp, deadline=deadline, headers=headers)
+        if flight.mode is Mode.AGGREGATED:
+            flight.assume_prefill_end(asyncio.get_running_loop())
+        content = await read_body(resp, flight, deadline=deadline)
+        flight.close(Outcome.COMPLETED)
+        media = resp.headers.get("content-type", "application/json")
+        return Response(content, 200, headers, media)

@@ -1,1 +1,0 @@
-"""Wire formats of engines and peers; nothing outside this package parses them."""
