@@ -1,6 +1,6 @@
 """Decision benchmark script: one cluster size, or a sweep over sizes and prompt lengths.
 
-    python bench/decision.py --prefill 16 --decode 16 [--policy mooncake] [--json out.json]
+    python bench/decision.py --prefill 16 --decode 16 [--policy NAME] [--json out.json]
     python bench/decision.py --sweep [--sizes 4,8,16,32,64,128] [--json sweep.json]
 
 The measuring itself lives in :mod:`conductor.perf.decision` (also behind
@@ -16,8 +16,11 @@ import sys
 import time
 from pathlib import Path
 
+from conductor.core.policies import DEFAULT_POLICY
 from conductor.perf.decision import (
     BUCKETS,
+    DEFAULT_REQUESTS,
+    DEFAULT_WARMUP,
     DecisionBenchResult,
     format_result,
     load_trace,
@@ -51,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--prefill", type=int, default=16)
     ap.add_argument("--decode", type=int, default=16)
-    ap.add_argument("--policy", default="mooncake")
-    ap.add_argument("--requests", type=int, default=5000, help="timed requests per run")
-    ap.add_argument("--warmup", type=int, default=100, help="untimed requests first")
+    ap.add_argument("--policy", default=DEFAULT_POLICY)
+    ap.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="timed requests per run")
+    ap.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="untimed requests first")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--repeat", type=int, default=None, help="runs per size, median-p99 run kept (1; sweep 3)"

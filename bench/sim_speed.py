@@ -13,6 +13,7 @@ import json
 import time
 
 from conductor.core.config import SchedulerConfig
+from conductor.core.policies import DEFAULT_POLICY
 from conductor.sim import SimConfig, simulate
 from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
 
@@ -36,7 +37,7 @@ def run(policy: str, n: int, limit: int | None) -> dict[str, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--policy", default="mooncake")
+    ap.add_argument("--policy", default=DEFAULT_POLICY)
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args()
     rows = [run(args.policy, n, None) for n in (4, 8, 16, 32)]

@@ -141,8 +141,8 @@ def model_dir(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("args", "toml", "message"),
     [
-        (["--port", "70000"], "", "invalid --port=70000: must be in 0..65535"),
-        ([], "port = 70000", "invalid gateway.port=70000: must be in 0..65535"),
+        (["--port", "70000"], "", "invalid --port=70000: must be a TCP port in 0..65535"),
+        ([], "port = 70000", "invalid gateway.port=70000: must be a TCP port in 0..65535"),
         (["--ttft-slo-s", "-1"], "", "invalid --ttft-slo-s=-1.0: must be > 0"),
         ([], "tbt_slo_ms = -5", "invalid gateway.tbt_slo_ms=-5: must be > 0"),
         (["--tbt-slo-ms", "-5"], "tbt_slo_ms = 1", "invalid --tbt-slo-ms=-5.0: must be > 0"),

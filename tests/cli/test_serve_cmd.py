@@ -187,7 +187,7 @@ def test_admin_token_from_environment(model_dir: Path) -> None:
         ),
         (
             ["--engine", ENGINE, "--port", "70000"],
-            "invalid --port=70000: must be in 0..65535",
+            "invalid --port=70000: must be a TCP port in 0..65535",
         ),
         (
             ["--engine", ENGINE, "--prefill-tokens-per-s", "-5"],

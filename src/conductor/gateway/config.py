@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from conductor.core.checks import check_at_least, check_port, check_positive
 from conductor.core.errors import InvalidInput
 from conductor.core.types import Role
 from conductor.gateway.engines.registry import DEFAULT_KIND, check_kind
@@ -68,8 +69,7 @@ class EngineConfig:
             _check_url("replay", self.replay, ("tcp",))
             if self.kv_events is None:
                 raise InvalidInput("replay", self.replay, "needs kv_events as well")
-        if self.block_size_tokens <= 0:
-            raise InvalidInput("block_size", self.block_size_tokens, "must be > 0")
+        check_positive("block_size", self.block_size_tokens)
         if self.model is not None and not self.model:
             raise InvalidInput("model", self.model, "must not be empty")
 
@@ -167,11 +167,8 @@ class UpstreamConfig:
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "read_timeout_s", "request_timeout_s"):
-            value = getattr(self, name)
-            if not value > 0:
-                raise InvalidInput(name, value, "must be > 0")
-        if self.max_attempts < 1:
-            raise InvalidInput("max_attempts", self.max_attempts, "must be >= 1")
+            check_positive(name, getattr(self, name))
+        check_at_least("max_attempts", self.max_attempts, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,11 +183,8 @@ class MonitorConfig:
 
     def __post_init__(self) -> None:
         for name in ("health_interval_s", "health_timeout_s", "load_interval_s"):
-            value = getattr(self, name)
-            if not value > 0:
-                raise InvalidInput(name, value, "must be > 0")
-        if self.kv_queue_size < 1:
-            raise InvalidInput("kv_queue_size", self.kv_queue_size, "must be >= 1")
+            check_positive(name, getattr(self, name))
+        check_at_least("kv_queue_size", self.kv_queue_size, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,14 +208,10 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if not self.model_name:
             raise InvalidInput("model_name", self.model_name, "must not be empty")
-        if self.max_model_len < 2:
-            raise InvalidInput("max_model_len", self.max_model_len, "must be >= 2")
-        if self.block_size_tokens <= 0:
-            raise InvalidInput("block_size", self.block_size_tokens, "must be > 0")
-        if not 0 <= self.port <= 65535:
-            raise InvalidInput("port", self.port, "must be in 0..65535")
-        if self.max_body_bytes < 1024:
-            raise InvalidInput("max_body_bytes", self.max_body_bytes, "must be >= 1024")
+        check_at_least("max_model_len", self.max_model_len, 2)
+        check_positive("block_size", self.block_size_tokens)
+        check_port("port", self.port)
+        check_at_least("max_body_bytes", self.max_body_bytes, 1024)
         if self.admin_token is not None and len(self.admin_token) < 8:
             raise InvalidInput("admin_token", "<hidden>", "must be at least 8 characters")
         seen: set[str] = set()
