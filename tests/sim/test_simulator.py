@@ -8,6 +8,7 @@ from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import LinearDecode, PolynomialPrefill, preset
 from conductor.core.types import BlockHash, Request, RequestId
 from conductor.sim import SimConfig, simulate
+from conductor.sim.config import EngineConfig
 from conductor.sim.cache import LruBlockCache
 
 BASE = preset("llama3-70b-a800x8")
@@ -18,7 +19,8 @@ def _req(i: int, t: float, prompt: int, blocks: tuple[int, ...], out: int = 4) -
 
 
 def test_md1_queue_matches_closed_form() -> None:
-    """One prefill instance, deterministic service D, Poisson arrivals at rho = 0.5:
+    """One prefill instance running one request per step (``max_num_seqs=1``),
+    deterministic service D, Poisson arrivals at rho = 0.5:
     mean TTFT = D + rho D / (2 (1 - rho)) = 1.5 D (Pollaczek-Khinchine)."""
     d = 1.0
     cost = BASE.with_(prefill=PolynomialPrefill(d, 0.0, 0.0, 0.0))
@@ -28,7 +30,9 @@ def test_md1_queue_matches_closed_form() -> None:
     for i in range(20_000):
         t += rng.expovariate(0.5 / d)
         reqs.append(_req(i, t, 100, (), out=1))
-    res = simulate(reqs, SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=cost))
+    one = EngineConfig(max_num_seqs=1)
+    cfg = SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=cost, engine=one)
+    res = simulate(reqs, cfg)
     mean_ttft = res.summary["ttft_s"]["mean"]  # type: ignore[index]
     assert mean_ttft == pytest.approx(1.5 * d, rel=0.04)
 
@@ -158,7 +162,9 @@ def test_cpp_splits_a_long_prompt_and_lowers_its_ttft() -> None:
     )
     r1, r4 = single.records[0], cpp.records[0]
     assert r1.cpp_nodes == 1 and r4.cpp_nodes == 4
-    assert r1.ttft_s == pytest.approx(BASE.prefill_s(n, 0))
+    # chunked in 4096-token steps (the long-prefill cap): each extra step adds F = P(1, 0)
+    steps = -(-n // EngineConfig().long_prefill_token_threshold)
+    assert r1.ttft_s == pytest.approx(BASE.prefill_s(n, 0) + (steps - 1) * BASE.prefill_s(1, 0))
     assert r4.ttft_s is not None and r1.ttft_s is not None
     assert r4.ttft_s < r1.ttft_s / 2.5
     assert r4.ttft_s == pytest.approx(r4.predicted_ttft_s)

@@ -60,11 +60,13 @@ class PrefillFinished:
 
 @dataclass(frozen=True, slots=True)
 class RequestFinished:
-    """``request_id`` left its decode instance (completed, aborted or failed)."""
+    """``request_id`` left its decode instance (completed, aborted or failed) after
+    producing ``output_tokens`` tokens (None: not reported)."""
 
     request_id: RequestId
     instance: InstanceId
     now_s: float
+    output_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,35 @@ CACHE_CAPACITY_TOKENS = 3_000_000
 
 
 @dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """How every simulated engine schedules its iterations (vLLM v1's scheduler knobs).
+
+    ``max_num_batched_tokens``: the token budget of one step (prefill chunk tokens plus one
+    per decoding request). ``max_num_seqs``: the most requests running at once (``None``:
+    the cost model's ``max_batch_size``). ``block_size_tokens``: the KV allocation unit
+    (vLLM's paged block, 16 tokens on CUDA). ``long_prefill_token_threshold``: the most
+    tokens one prefill may take in a step (0 = no cap, vLLM's default when partial prefills
+    are off; the default cap leaves half the budget for the prompts behind a long one).
+    ``kv_capacity_tokens``: each engine's GPU KV room (``None``: the cost model's).
+    """
+
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int | None = None
+    block_size_tokens: int = 16
+    long_prefill_token_threshold: int = 4096
+    kv_capacity_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        check_at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.max_num_seqs is not None:
+            check_at_least("max_num_seqs", self.max_num_seqs, 1)
+        check_at_least("block_size_tokens", self.block_size_tokens, 1)
+        check_at_least("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
+        if self.kv_capacity_tokens is not None:
+            check_at_least("kv_capacity_tokens", self.kv_capacity_tokens, 1)
+
+
+@dataclass(frozen=True, slots=True)
 class SimConfig:
     """A simulated cluster (every field checked at construction; the defaults are those of
     ``conductor simulate``).
@@ -26,11 +55,16 @@ class SimConfig:
     ``load_sample_every_s``: sample prefill/decode load this often (0 = never).
     ``replica_sample_every_s``: sample how many prefill caches hold the blocks ranked
     ``replica_ranks`` by use in the whole trace (FAST Fig. 11; 0 = never).
+    ``n_both``: instances that prefill and decode (``role=both``), after the others.
+    ``engine``: the engines' iteration scheduler (:class:`EngineConfig`).
+    ``engine_cost``: the cost model the simulated engines *run* at (``None``: ``cost``, the
+    one the scheduler predicts with); every engine timing reads :attr:`timing`.
     """
 
     policy: str = DEFAULT_POLICY
     n_prefill: int = 8
     n_decode: int = 8
+    n_both: int = 0
     cost: CostModel = field(default_factory=lambda: preset(DEFAULT_PRESET))
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache_capacity_tokens: int | None = CACHE_CAPACITY_TOKENS
@@ -40,15 +74,24 @@ class SimConfig:
     load_sample_every_s: float = 0.0
     replica_sample_every_s: float = 0.0
     replica_ranks: tuple[int, ...] = (10, 100, 1000)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    engine_cost: CostModel | None = None
 
     def __post_init__(self) -> None:
         check_policy(self.policy)
-        check_at_least("n_prefill", self.n_prefill, 1)
-        check_at_least("n_decode", self.n_decode, 1)
+        check_at_least("n_both", self.n_both, 0)
+        least = 0 if self.n_both > 0 else 1  # both-role instances prefill and decode
+        check_at_least("n_prefill", self.n_prefill, least)
+        check_at_least("n_decode", self.n_decode, least)
         if self.cache_capacity_tokens is not None:
             check_at_least("cache_capacity_tokens", self.cache_capacity_tokens, 0)
         check_at_least("kv_event_delay_s", self.kv_event_delay_s, 0)
         check_at_least("prefill_noise", self.prefill_noise, 0)
+
+    @property
+    def timing(self) -> CostModel:
+        """The one cost model the engines' timing comes from."""
+        return self.cost if self.engine_cost is None else self.engine_cost
 
     @property
     def cache_capacity_blocks(self) -> int | None:

@@ -1,122 +1,90 @@
-"""The decode side: continuous batching on simulated decode instances, and the TBT of each
-request computed afterwards from its instance's log of iteration end times.
+"""The decode side: requests whose KV arrived join their engine's decoding set (see
+:mod:`conductor.sim.engine`), leave it at their real output length, and each one's TBT is
+computed afterwards from its engines' logs of step end times.
 
-One event per batch iteration; per-request work happens only when a request joins or
-leaves a batch.
+Per-request work happens only when a request joins, is preempted or leaves.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 
 import numpy as np
 
 from conductor.core.events import RequestFinished
 from conductor.core.scheduler import Scheduler
-from conductor.core.state import InstanceSpec
-from conductor.core.types import InstanceId, Request, Role
-from conductor.sim.config import SimConfig
-from conductor.sim.events import DecodeStep, EventQueue
-from conductor.sim.nodes import DecodeNode
+from conductor.core.types import InstanceId, Request
+from conductor.sim.engine import EngineLoop
+from conductor.sim.nodes import Engine, Seq
 from conductor.sim.records import RequestRecord, tail_mean_tbt
 
 
 class DecodeSide:
-    """The decode instances ``decode-0`` .. ``decode-{n-1}``, registered with the scheduler
-    in that order.
+    """The decode-capable engines (``decode-*`` then ``both-*``).
 
-    A request joins its node's batch when its whole KV (prompt + output) fits and the batch
-    has room, FCFS; a node with an empty batch admits the head request whatever its size.
-    It leaves after ``output_tokens - 1`` iterations. ``placed[i] = (node, join, last)``:
-    request ``i`` ran iterations ``join`` .. ``last`` of ``node``."""
+    A request that joins with ``output_tokens`` to emit in all has had its first token
+    from the prefill engine, so it decodes ``output_tokens - 1`` more (one per step) and
+    then leaves, telling the scheduler how many tokens it really produced."""
 
     def __init__(
         self,
-        cfg: SimConfig,
         scheduler: Scheduler,
         requests: Sequence[Request],
         records: list[RequestRecord],
-        events: EventQueue,
+        engines: dict[InstanceId, Engine],
+        loop: EngineLoop,
     ) -> None:
-        self.step_s = cfg.cost.decode.step_s  # = CostModel.decode_step_s, one call less per step
         self.scheduler = scheduler
         self.requests = requests
         self.records = records
-        self.push = events.push
-        self.nodes: dict[InstanceId, DecodeNode] = {}
-        self.steps: dict[InstanceId, DecodeStep] = {}
-        self.placed: dict[int, tuple[DecodeNode, int, int]] = {}
-        for i in range(cfg.n_decode):
-            iid = InstanceId(f"decode-{i}")
-            scheduler.add_instance(InstanceSpec(iid, Role.DECODE))
-            node = DecodeNode(iid, cfg.cost.kv_capacity_tokens, cfg.cost.max_batch_size)
-            self.nodes[iid] = node
-            self.steps[iid] = DecodeStep(node)
+        self.engines = engines
+        self.nodes = {iid: e for iid, e in engines.items() if e.role.decodes}
+        self.loop = loop
+        loop.on_finished = self.on_finished
 
     def on_join(self, t: float, decode: InstanceId, i: int) -> None:
-        node = self.nodes[decode]
+        node = self.engines[decode]
         rec = self.records[i]
         rec.decode_join_s = t
         if rec.output_tokens <= 1:
             rec.finish_s = t
             rec.tbt_s = 0.0
-            self.scheduler.on_event(RequestFinished(self.requests[i].request_id, node.iid, t))
+            self.finished(t, node, i)
             return
-        node.waiting.append(i)
-        if not node.stepping:
-            self.start_step(t, node, self.steps[decode])
+        prompt = rec.prompt_tokens
+        seq = Seq(i, None, prompt, rec.output_tokens - 1, decodes=True, computed=prompt)
+        seq.started = True
+        self.loop.segments[i] = []
+        self.loop.enqueue(t, node, seq)
 
-    def start_step(self, t: float, node: DecodeNode, step: DecodeStep) -> None:
-        """Admit what fits from ``node``'s waiting line and start its next iteration, whose
-        end is ``step`` (the node's one step event)."""
-        waiting = node.waiting
-        while waiting:
-            i = waiting[0]
-            rec = self.records[i]
-            need = rec.prompt_tokens + rec.output_tokens
-            fits = node.kv_used + need <= node.kv_capacity_tokens and node.batch < node.max_batch
-            if not fits and node.batch > 0:
-                break
-            waiting.popleft()
-            join = len(node.step_ends)
-            last = join + rec.output_tokens - 2  # output - 1 decode tokens
-            heapq.heappush(node.finish_heap, (last, i))
-            self.placed[i] = (node, join, last)
-            node.batch += 1
-            node.kv_used += need
-            node.context_tokens += rec.prompt_tokens + 1
-        if node.batch == 0:
-            node.stepping = False
-            return
-        node.stepping = True
-        self.push(t + self.step_s(node.batch, node.context_tokens), step)
+    def on_finished(self, t: float, node: Engine, seq: Seq) -> None:
+        self.records[seq.index].finish_s = t
+        self.finished(t, node, seq.index)
 
-    def on_step_end(self, t: float, step: DecodeStep) -> None:
-        node = step.node
-        idx = len(node.step_ends)
-        node.step_ends.append(t)
-        node.context_tokens += node.batch
-        fh = node.finish_heap
-        while fh and fh[0][0] == idx:
-            _, i = heapq.heappop(fh)
-            rec = self.records[i]
-            rec.finish_s = t
-            node.batch -= 1
-            node.kv_used -= rec.prompt_tokens + rec.output_tokens
-            node.context_tokens -= rec.prompt_tokens + rec.output_tokens
-            self.scheduler.on_event(RequestFinished(self.requests[i].request_id, node.iid, t))
-        self.start_step(t, node, step)
+    def finished(self, t: float, node: Engine, i: int) -> None:
+        rid = self.requests[i].request_id
+        out = self.records[i].output_tokens
+        self.scheduler.on_event(RequestFinished(rid, node.iid, t, out))
 
     def finish_tbt(self) -> None:
-        """Set every placed request's ``tbt_s`` from its node's iteration log."""
-        ends = {iid: np.asarray(n.step_ends) for iid, n in self.nodes.items()}
+        """Set every decoded request's ``tbt_s`` from its engines' step logs: its token
+        times are its prefill's end and the ends of the steps it emitted tokens in (a
+        preemption leaves a gap there)."""
+        ends = {iid: np.asarray(e.step_ends) for iid, e in self.engines.items()}
         diffs = {iid: np.diff(a) for iid, a in ends.items()}
-        for i, (node, join, last) in self.placed.items():
+        for i, segs in self.loop.segments.items():
             rec = self.records[i]
-            if rec.prefill_end_s is None:
+            pe = rec.prefill_end_s
+            if pe is None or rec.finish_s is None:
                 continue
-            e = ends[node.iid]
-            first = e[join] - rec.prefill_end_s
-            intervals = np.concatenate(([first], diffs[node.iid][join:last]))
+            if not segs:
+                rec.tbt_s = 0.0
+                continue
+            if len(segs) == 1:
+                node, a, b = segs[0]
+                e = ends[node.iid]
+                intervals = np.concatenate(([e[a] - pe], diffs[node.iid][a:b]))
+            else:
+                times = np.concatenate([ends[n.iid][a : b + 1] for n, a, b in segs])
+                intervals = np.diff(np.concatenate(([pe], times)))
             rec.tbt_s = tail_mean_tbt(intervals)

@@ -11,7 +11,7 @@ from heapq import heappop, heappush
 
 from conductor.core.events import Event
 from conductor.core.types import BlockHash, InstanceId
-from conductor.sim.nodes import DecodeNode, Job, PrefillNode
+from conductor.sim.nodes import Engine, Seq
 
 
 class Arrival:
@@ -24,23 +24,13 @@ class Arrival:
 
 
 class FetchDone:
-    """``fetched`` blocks of ``job``'s prefix arrived at its prefill node."""
+    """``fetched`` blocks of ``seq``'s prefix arrived at its prefill engine."""
 
-    __slots__ = ("fetched", "job")
+    __slots__ = ("fetched", "seq")
 
-    def __init__(self, job: Job, fetched: tuple[BlockHash, ...]) -> None:
-        self.job = job
+    def __init__(self, seq: Seq, fetched: tuple[BlockHash, ...]) -> None:
+        self.seq = seq
         self.fetched = fetched
-
-
-class PrefillDone:
-    """``job`` (or its chunked-pipeline stage) finished computing on ``node``."""
-
-    __slots__ = ("job", "node")
-
-    def __init__(self, node: PrefillNode, job: Job) -> None:
-        self.node = node
-        self.job = job
 
 
 class DecodeJoin:
@@ -53,17 +43,18 @@ class DecodeJoin:
         self.index = index
 
 
-class DecodeStep:
-    """A batch iteration of ``node`` ended.
+class EngineStep:
+    """A step (one scheduler iteration: prefill chunks and decode tokens) of ``engine``
+    ended.
 
-    One per decode node, made once and pushed again for every iteration: a node has at most
-    one iteration in flight, so no two copies are ever in the queue (no allocation on the
+    One per engine, made once and pushed again for every step: an engine has at most one
+    step in flight, so no two copies are ever in the queue (no allocation on the
     simulator's hottest path)."""
 
-    __slots__ = ("node",)
+    __slots__ = ("engine",)
 
-    def __init__(self, node: DecodeNode) -> None:
-        self.node = node
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
 
 
 class KvEventDue:
@@ -76,16 +67,16 @@ class KvEventDue:
 
 
 class CopyDone:
-    """A background replica copy of ``hashes`` reached ``node``."""
+    """A background replica copy of ``hashes`` reached ``engine``."""
 
-    __slots__ = ("hashes", "node")
+    __slots__ = ("engine", "hashes")
 
-    def __init__(self, node: PrefillNode, hashes: tuple[BlockHash, ...]) -> None:
-        self.node = node
+    def __init__(self, engine: Engine, hashes: tuple[BlockHash, ...]) -> None:
+        self.engine = engine
         self.hashes = hashes
 
 
-SimEvent = Arrival | FetchDone | PrefillDone | DecodeJoin | DecodeStep | KvEventDue | CopyDone
+SimEvent = Arrival | FetchDone | DecodeJoin | EngineStep | KvEventDue | CopyDone
 
 
 class EventQueue:

@@ -1,4 +1,5 @@
-"""The state of simulated instances: prefill nodes and their jobs, decode nodes."""
+"""The state of simulated instances: one :class:`Engine` per instance (whatever its role),
+the requests it holds (:class:`Seq`), chunked-pipeline groups and NICs."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from conductor.core.plan import Plan
-from conductor.core.types import InstanceId, Request
+from conductor.core.types import InstanceId, Role
 from conductor.sim.cache import LruBlockCache
 
 
@@ -19,57 +20,123 @@ class CppGroup:
     compute_s: float
 
 
+class Seq:
+    """One request on one engine (vLLM's ``Request`` in its scheduler).
+
+    Prefill phase: ``computed`` of ``target`` tokens have KV here (``base`` of them were
+    there when it was admitted: cached prefix, or 0 for a recompute); the step that computes
+    the last of them emits a token. ``decodes``: it then decodes here (``remaining`` tokens
+    still to emit, that one included); otherwise it leaves (a prefill-only engine).
+    Decode phase: before step ``k`` it holds ``tok0 + (k - step0)`` tokens of KV, and step
+    ``k`` writes one more; it emits its last token in step ``last``; its current run of
+    token-emitting steps began at ``seg_first``. ``order``: when it was (last) admitted to
+    the running set — the newest is preempted first. ``exclusive_s > 0``: a chunked-pipeline
+    stage that runs alone for that long (``group``). ``fetch_pending``: waits for remote
+    prefix blocks (skipped by admission until they arrive)."""
+
+    __slots__ = (
+        "base",
+        "blocks",
+        "computed",
+        "decodes",
+        "exclusive_s",
+        "fetch_pending",
+        "group",
+        "helper",
+        "index",
+        "last",
+        "noise",
+        "order",
+        "plan",
+        "remaining",
+        "seg_first",
+        "started",
+        "step0",
+        "target",
+        "tok0",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        plan: Plan | None,
+        target: int,
+        remaining: int,
+        *,
+        decodes: bool,
+        computed: int = 0,
+    ) -> None:
+        self.index = index
+        self.plan = plan
+        self.target = target
+        self.computed = computed
+        self.base = computed
+        self.remaining = remaining
+        self.decodes = decodes
+        self.blocks = 0
+        self.order = 0
+        self.tok0 = 0
+        self.step0 = 0
+        self.last = 0
+        self.seg_first = 0
+        self.noise = 1.0
+        self.started = False
+        self.fetch_pending = False
+        self.exclusive_s = 0.0
+        self.group: CppGroup | None = None
+        self.helper = False
+
+
 @dataclass(slots=True)
-class Job:
-    """One request's prefill on one node: the lead stage (keeps the KV blocks) or, with
-    ``helper``, a chunked-pipeline stage on another node of ``group``.
+class Engine:
+    """One instance under iteration-level scheduling (see :mod:`conductor.sim.engine`).
 
-    A job with ``fetch_pending`` waits at the head of its node's queue until its remote
-    blocks arrive."""
-
-    index: int
-    request: Request
-    plan: Plan
-    fetch_pending: bool = False
-    compute_s: float = 0.0
-    group: CppGroup | None = None
-    helper: bool = False
-
-
-@dataclass(slots=True)
-class PrefillNode:
-    """A prefill instance: FCFS ``queue`` (one job runs at a time, ``busy``), its LRU KV
-    ``cache`` and its NIC, which sends one transfer at a time (free from ``nic_free_s``)."""
+    ``waiting`` (FCFS; preempted requests go back to its front), ``prefilling`` (running
+    partial prefills, in admission order) and ``decoding`` (running decodes by admission
+    ``order``, oldest first). ``ctx``: the decoding requests' KV tokens *after* the next
+    step (what the decode step time reads); ``pre_blocks``: blocks held by prefilling
+    requests. ``finish_heap``: ``(last step, order)``, stale entries skipped.
+    ``step_ends``: every step's end time (the TBT log). ``cache``: the prefix cache of a
+    prefill-capable instance (DRAM, LRU). ``nic_in_free_s`` / ``nic_out_free_s``: when its
+    NIC's ingress / egress is next free (FIFO per direction)."""
 
     iid: InstanceId
-    cache: LruBlockCache
-    queue: deque[Job] = field(default_factory=deque)
-    busy: bool = False
-    nic_free_s: float = 0.0
-
-    def send(self, t: float, seconds: float) -> float:
-        """Queue a transfer of ``seconds`` on this node's NIC at ``t``; returns its end."""
-        end = max(t, self.nic_free_s) + seconds
-        self.nic_free_s = end
-        return end
-
-
-@dataclass(slots=True)
-class DecodeNode:
-    """A decode instance under continuous batching.
-
-    ``batch`` requests run, holding ``kv_used`` tokens of KV and ``context_tokens`` of
-    context; ``waiting`` holds request indices that do not fit yet. ``step_ends`` logs
-    every batch iteration's end; ``finish_heap`` holds ``(last iteration, request)``.
-    ``stepping``: an iteration is in flight (at most one at a time)."""
-
-    iid: InstanceId
-    kv_capacity_tokens: int
-    max_batch: int
-    waiting: deque[int] = field(default_factory=deque)
+    role: Role
+    cache: LruBlockCache | None
+    kv_blocks: int
+    max_seqs: int
+    budget: int
+    long_threshold: int
+    block: int
+    waiting: deque[Seq] = field(default_factory=deque)
+    prefilling: list[Seq] = field(default_factory=list)
+    decoding: dict[int, Seq] = field(default_factory=dict)
     finish_heap: list[tuple[int, int]] = field(default_factory=list)
     step_ends: list[float] = field(default_factory=list)
-    batch: int = 0
-    context_tokens: int = 0
-    kv_used: int = 0
+    ctx: int = 0
+    pre_blocks: int = 0
+    chunks: list[tuple[Seq, int]] = field(default_factory=list)
+    exclusive: Seq | None = None
     stepping: bool = False
+    preemptions: int = 0
+    nic_in_free_s: float = 0.0
+    nic_out_free_s: float = 0.0
+
+    @property
+    def batch(self) -> int:
+        return len(self.decoding)
+
+    @property
+    def context_tokens(self) -> int:
+        return self.ctx
+
+
+def transfer(src: Engine, dst: Engine, earliest_s: float, seconds: float) -> float:
+    """Move ``seconds`` of data from ``src`` to ``dst``: it holds ``src``'s egress and
+    ``dst``'s ingress together, starting when both are free and not before ``earliest_s``
+    (FIFO per NIC direction, in the order transfers are requested); returns its end."""
+    start = max(earliest_s, src.nic_out_free_s, dst.nic_in_free_s)
+    end = start + seconds
+    src.nic_out_free_s = end
+    dst.nic_in_free_s = end
+    return end

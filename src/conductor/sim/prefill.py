@@ -1,7 +1,9 @@
-"""The prefill side: executes the scheduler's plans on simulated prefill instances.
+"""The prefill side: carries out the scheduler's plans on the prefill-capable engines.
 
-FCFS queues, LRU KV caches that publish KV events, prefix fetches and background replica
-copies over the source node's NIC, chunked-pipeline stages, and the KV hand-off to decode.
+LRU prefix caches that publish KV events, prefix fetches and background replica copies over
+both ends' NICs, chunked-pipeline stages, and the KV hand-off to decode (over the NICs of
+the prefill and the decode engine, streamed layer by layer while the prefill runs). The
+engines' own scheduling is :mod:`conductor.sim.engine`'s.
 """
 
 from __future__ import annotations
@@ -14,29 +16,17 @@ from conductor.core.chunked_pipeline import pipelined_prefill_s
 from conductor.core.events import BlocksRemoved, BlocksStored, Event, PrefillFinished
 from conductor.core.plan import Plan, Rejection
 from conductor.core.scheduler import Scheduler
-from conductor.core.state import InstanceSpec
 from conductor.core.types import BlockHash, InstanceId, Request, Role, Tier
-from conductor.sim.cache import LruBlockCache
 from conductor.sim.config import SimConfig
-from conductor.sim.events import (
-    CopyDone,
-    DecodeJoin,
-    EventQueue,
-    FetchDone,
-    KvEventDue,
-    PrefillDone,
-)
-from conductor.sim.nodes import CppGroup, Job, PrefillNode
+from conductor.sim.engine import EngineLoop
+from conductor.sim.events import CopyDone, DecodeJoin, EventQueue, FetchDone, KvEventDue
+from conductor.sim.nodes import CppGroup, Engine, Seq, transfer
 from conductor.sim.records import RequestRecord
 
 
 class PrefillSide:
-    """The prefill instances ``prefill-0`` .. ``prefill-{n-1}``, registered with the
-    scheduler in that order.
-
-    A node runs one job at a time, in arrival order; the job at the head waits while its
-    fetch is in flight. With chunked pipelining the lead node keeps the KV blocks and the
-    prefill ends when the group's last stage ends."""
+    """Arrivals -> plans -> prefill engines -> hand-off. ``nodes``: the prefill-capable
+    engines (``prefill-*`` then ``both-*``); ``engines``: every engine by id."""
 
     def __init__(
         self,
@@ -45,9 +35,11 @@ class PrefillSide:
         requests: Sequence[Request],
         records: list[RequestRecord],
         events: EventQueue,
+        engines: dict[InstanceId, Engine],
+        loop: EngineLoop,
     ) -> None:
         self.cfg = cfg
-        self.cost = cfg.cost
+        self.cost = cfg.timing
         self.block = cfg.scheduler.block_size_tokens
         self.scheduler = scheduler
         self.requests = requests
@@ -55,11 +47,13 @@ class PrefillSide:
         self.push = events.push
         self.rng = random.Random(cfg.seed)
         self.copies = 0
-        self.nodes: dict[InstanceId, PrefillNode] = {}
-        for i in range(cfg.n_prefill):
-            iid = InstanceId(f"prefill-{i}")
-            scheduler.add_instance(InstanceSpec(iid, Role.PREFILL))
-            self.nodes[iid] = PrefillNode(iid, LruBlockCache(cfg.cache_capacity_blocks))
+        self.engines = engines
+        self.nodes = {iid: e for iid, e in engines.items() if e.role.prefills}
+        self.loop = loop
+        self.baseline = cfg.scheduler.admission == "baseline"
+        loop.on_start = self.on_start
+        loop.on_first_token = self.on_first_token
+        loop.on_stage_done = self.on_stage_done
 
     # -- KV events -----------------------------------------------------------------------
     def emit(self, t: float, event: Event) -> None:
@@ -68,7 +62,9 @@ class PrefillSide:
         else:
             self.scheduler.on_event(event)
 
-    def store_blocks(self, t: float, node: PrefillNode, hashes: Sequence[BlockHash]) -> None:
+    def store_blocks(self, t: float, node: Engine, hashes: Sequence[BlockHash]) -> None:
+        if node.cache is None:
+            return
         stored, evicted = node.cache.insert(hashes)
         if evicted:
             self.emit(t, BlocksRemoved(node.iid, tuple(evicted), Tier.DRAM))
@@ -88,18 +84,23 @@ class PrefillSide:
         rec.prefill = plan.prefill
         rec.decode = plan.decode
         rec.predicted_ttft_s = plan.predicted_ttft_s
-        job = Job(i, req, plan)
         node = self.nodes[plan.prefill]
+        here = plan.decode == plan.prefill and node.role is Role.BOTH and not self.baseline
+        seq = Seq(i, plan, req.prompt_tokens, rec.output_tokens, decodes=here)
+        if here:
+            self.loop.segments[i] = []
+        if self.cfg.prefill_noise > 0:
+            seq.noise = math.exp(self.rng.gauss(0.0, self.cfg.prefill_noise))
         if plan.fetch is not None:
             src = self.nodes.get(plan.fetch.source)
             hashes = plan.fetch.block_hashes
-            have = src.cache.prefix_blocks(hashes) if src is not None else 0
+            have = src.cache.prefix_blocks(hashes) if src is not None and src.cache else 0
             if have > 0 and src is not None:
                 fetched = hashes[:have]
                 tokens = min(len(fetched) * self.block, req.prompt_tokens)
-                end = src.send(t, self.cost.transfer_s(tokens))
-                job.fetch_pending = True
-                self.push(end, FetchDone(job, fetched))
+                end = transfer(src, node, t, self.cost.transfer_s(tokens))
+                seq.fetch_pending = True
+                self.push(end, FetchDone(seq, fetched))
         for m in plan.migrations:
             if (
                 plan.fetch is not None
@@ -108,118 +109,129 @@ class PrefillSide:
             ):
                 continue  # Algorithm 1's copy-on-fetch, carried out above
             self.copy_blocks(t, m.source, m.target, m.block_hashes)
-        node.queue.append(job)
         if plan.cpp is not None:
-            self.add_cpp_stages(t, job, plan)
-        self.try_start(t, node)
+            self.add_cpp_stages(t, seq, plan)
+        self.loop.enqueue(t, node, seq)
 
     def copy_blocks(
         self, t: float, source: InstanceId, target: InstanceId, hashes: tuple[BlockHash, ...]
     ) -> None:
         """Background hot-spot replication: copy what ``source`` still holds of ``hashes``
-        to ``target`` over ``source``'s NIC (queued behind its other transfers)."""
+        to ``target`` over both NICs (queued behind their other transfers)."""
         src = self.nodes.get(source)
         dst = self.nodes.get(target)
-        if src is None or dst is None:
+        if src is None or dst is None or src.cache is None:
             return
         have = src.cache.prefix_blocks(hashes)
         if have == 0:
             return
-        end = src.send(t, self.cost.transfer_s(have * self.block))
+        end = transfer(src, dst, t, self.cost.transfer_s(have * self.block))
         self.copies += 1
         self.push(end, CopyDone(dst, hashes[:have]))
 
-    def add_cpp_stages(self, t: float, job: Job, plan: Plan) -> None:
-        """CPP: every node of the group runs a stage for the whole pipelined time; the
-        prefill ends when the last stage ends (see ``conductor.core.chunked_pipeline``).
-        Simplification:
-        each node starts its stage when *it* is free, so the request ends at the latest
-        start + the pipelined time, as in a real gang, but a node that would sit waiting
-        for the others is counted as free until its own start (slightly optimistic)."""
+    def add_cpp_stages(self, t: float, seq: Seq, plan: Plan) -> None:
+        """CPP: every node of the group runs a stage alone for the whole pipelined time;
+        the prefill ends when the last stage ends (see ``conductor.core.chunked_pipeline``).
+        Simplification: each node starts its stage when *it* is free, so the request ends
+        at the latest start + the pipelined time, as in a real gang, but a node that would
+        sit waiting for the others is counted as free until its own start (optimistic)."""
         assert plan.cpp is not None
-        req = job.request
+        req = self.requests[seq.index]
         nodes = plan.cpp.nodes
         bw = self.cost.transfer_bytes_per_s
         compute = pipelined_prefill_s(
             self.cost, req.prompt_tokens, plan.cached_tokens, plan.cpp.chunk_tokens, len(nodes), bw
         )
-        job.group = CppGroup(len(nodes), compute)
-        self.records[job.index].cpp_nodes = len(nodes)
+        group = CppGroup(len(nodes), compute)
+        seq.group = group
+        seq.exclusive_s = compute
+        seq.decodes = False
+        self.records[seq.index].cpp_nodes = len(nodes)
         for iid in nodes:
             if iid == plan.prefill:
                 continue
-            helper = Job(job.index, req, plan, group=job.group, helper=True)
-            self.nodes[iid].queue.append(helper)
-            self.try_start(t, self.nodes[iid])
+            helper = Seq(seq.index, plan, req.prompt_tokens, 0, decodes=False)
+            helper.group = group
+            helper.exclusive_s = compute
+            helper.helper = True
+            helper.started = True
+            self.loop.enqueue(t, self.nodes[iid], helper)
 
-    def on_fetch_done(self, t: float, job: Job, fetched: tuple[BlockHash, ...]) -> None:
-        node = self.nodes[job.plan.prefill]
+    def on_fetch_done(self, t: float, seq: Seq, fetched: tuple[BlockHash, ...]) -> None:
+        assert seq.plan is not None
+        node = self.nodes[seq.plan.prefill]
         self.store_blocks(t, node, fetched)
-        job.fetch_pending = False
-        self.try_start(t, node)
+        seq.fetch_pending = False
+        self.loop.kick(t, node)
 
-    # -- compute -------------------------------------------------------------------------
-    def try_start(self, t: float, node: PrefillNode) -> None:
-        if node.busy or not node.queue or node.queue[0].fetch_pending:
-            return
-        job = node.queue.popleft()
-        req = job.request
-        rec = self.records[job.index]
-        if job.helper:
-            assert job.group is not None
-            job.compute_s = job.group.compute_s
-            rec.prefill_compute_s += job.compute_s
-            node.busy = True
-            self.push(t + job.compute_s, PrefillDone(node, job))
-            return
-        depth = node.cache.prefix_blocks(req.block_hashes)
+    # -- engine hooks --------------------------------------------------------------------
+    def on_start(self, t: float, node: Engine, seq: Seq) -> None:
+        """``seq`` is considered for admission on ``node``: what of its prompt is cached."""
+        req = self.requests[seq.index]
+        rec = self.records[seq.index]
+        depth = node.cache.prefix_blocks(req.block_hashes) if node.cache is not None else 0
         cached = min(depth * self.block, req.prompt_tokens - 1)
         fetched = 0
-        if job.plan.fetch is not None:
-            fetched = max(0, min(cached - job.plan.local_tokens, job.plan.fetch.tokens))
+        plan = seq.plan
+        if plan is not None and plan.fetch is not None:
+            fetched = max(0, min(cached - plan.local_tokens, plan.fetch.tokens))
         rec.local_tokens = cached - fetched
         rec.fetched_tokens = fetched
-        if job.group is not None:
-            compute = job.group.compute_s
-        else:
-            compute = self.cost.prefill_s(req.prompt_tokens, cached)
-            if self.cfg.prefill_noise > 0:
-                compute *= math.exp(self.rng.gauss(0.0, self.cfg.prefill_noise))
-        job.compute_s = compute
-        rec.prefill_start_s = t
-        rec.prefill_compute_s += compute
-        node.busy = True
-        self.push(t + compute, PrefillDone(node, job))
+        seq.computed = seq.base = cached
+        if seq.exclusive_s > 0:
+            rec.prefill_start_s = t
 
-    def on_prefill_done(self, t: float, node: PrefillNode, job: Job) -> None:
-        node.busy = False
-        req = job.request
-        rec = self.records[job.index]
+    def on_first_token(self, t: float, node: Engine, seq: Seq) -> None:
+        """The prefill of ``seq``'s prompt ended on ``node`` at ``t``."""
+        req = self.requests[seq.index]
+        rec = self.records[seq.index]
         self.scheduler.on_event(PrefillFinished(req.request_id, node.iid, t))
-        lead = self.nodes[job.plan.prefill]  # with CPP, the lead keeps the KV blocks
-        if job.group is not None:
-            job.group.remaining -= 1
-            if job.group.remaining > 0:
-                self.try_start(t, node)
-                return
+        rec.prefill_end_s = t
+        self.store_blocks(t, node, req.block_hashes)
+        if seq.decodes:  # role=both: it decodes where it was prefilled
+            rec.decode_join_s = t
+            return
+        start = rec.prefill_start_s if rec.prefill_start_s is not None else t
+        self.hand_off(t, node, seq, t - start)
+
+    def on_stage_done(self, t: float, node: Engine, seq: Seq) -> None:
+        """A chunked-pipeline stage ended; the last one ends the prefill on the lead."""
+        assert seq.group is not None and seq.plan is not None
+        req = self.requests[seq.index]
+        rec = self.records[seq.index]
+        self.scheduler.on_event(PrefillFinished(req.request_id, node.iid, t))
+        group = seq.group
+        group.remaining -= 1
+        rec.prefill_compute_s += group.compute_s
+        if group.remaining > 0:
+            return
+        lead = self.nodes[seq.plan.prefill]
         rec.prefill_end_s = t
         self.store_blocks(t, lead, req.block_hashes)
-        decode_iid = job.plan.decode
-        rejected = False
-        if self.cfg.scheduler.admission == "baseline":
+        self.hand_off(t, lead, seq, group.compute_s)
+        if lead is not node:
+            self.loop.kick(t, lead)
+
+    def hand_off(self, t: float, node: Engine, seq: Seq, overlap_s: float) -> None:
+        """Send ``seq``'s KV from ``node`` to its decode engine. The transfer streams layer
+        by layer during the prefill (it may have started ``overlap_s`` before ``t``), over
+        ``node``'s egress and the decode engine's ingress."""
+        assert seq.plan is not None
+        i = seq.index
+        req = self.requests[i]
+        rec = self.records[i]
+        decode_iid = seq.plan.decode
+        if self.baseline:
             d = self.scheduler.confirm_decode(req.request_id, t)
             if isinstance(d, Rejection):
                 rec.rejected = d.code
                 rec.rejected_after_prefill = True
-                rejected = True
-            else:
-                decode_iid = d
-        if not rejected:
-            rec.decode = decode_iid
-            xfer = self.cost.transfer_s(req.prompt_tokens)
-            tail = xfer - job.compute_s
-            join = t + (tail if tail > 0 else 0.0)
-            self.push(join, DecodeJoin(decode_iid, job.index))
-        self.try_start(t, node)
-        if node is not lead:
-            self.try_start(t, lead)
+                return
+            decode_iid = d
+        rec.decode = decode_iid
+        dst = self.engines[decode_iid]
+        if dst is node:
+            self.push(t, DecodeJoin(decode_iid, i))
+            return
+        end = transfer(node, dst, t - overlap_s, self.cost.transfer_s(req.prompt_tokens))
+        self.push(end if end > t else t, DecodeJoin(decode_iid, i))

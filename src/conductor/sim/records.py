@@ -31,6 +31,7 @@ class RequestRecord:
     finish_s: float | None = None
     tbt_s: float | None = None
     cpp_nodes: int = 1
+    preemptions: int = 0
 
     @property
     def cached_tokens(self) -> int:
@@ -117,6 +118,7 @@ def summarize(
         "cache_hit_rate": round(cached / prompt, 6) if prompt else 0.0,
         "fetched_tokens": sum(r.fetched_tokens for r in prefilled),
         "cpp_requests": sum(1 for r in prefilled if r.cpp_nodes > 1),
+        "preemptions": sum(r.preemptions for r in records),
         "ttft_by_prompt_s": {
             name: _pct(
                 [r.ttft_s for r in completed if r.ttft_s is not None and lo < r.prompt_tokens <= hi]

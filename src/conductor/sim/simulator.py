@@ -15,18 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from conductor.core.scheduler import Scheduler
-from conductor.core.types import BlockHash, Request
+from conductor.core.state import InstanceSpec
+from conductor.core.types import BlockHash, InstanceId, Request, Role
+from conductor.sim.cache import LruBlockCache
 from conductor.sim.config import SimConfig
 from conductor.sim.decode import DecodeSide
-from conductor.sim.events import (
-    Arrival,
-    CopyDone,
-    DecodeJoin,
-    DecodeStep,
-    EventQueue,
-    FetchDone,
-    PrefillDone,
-)
+from conductor.sim.engine import EngineLoop
+from conductor.sim.events import Arrival, CopyDone, DecodeJoin, EngineStep, EventQueue, FetchDone
+from conductor.sim.nodes import Engine
 from conductor.sim.prefill import PrefillSide
 from conductor.sim.records import RequestRecord, summarize
 
@@ -64,10 +60,40 @@ def tracked_blocks(requests: Sequence[Request], ranks: Sequence[int]) -> tuple[B
     return tuple(ranked[k - 1] for k in ranks if k - 1 < len(ranked))
 
 
+def make_engines(cfg: SimConfig, scheduler: Scheduler) -> dict[InstanceId, Engine]:
+    """``prefill-*``, ``decode-*`` then ``both-*`` engines, registered with ``scheduler``
+    in that order; prefill-capable ones get an LRU prefix cache."""
+    eng = cfg.engine
+    cost = cfg.timing
+    kv_tokens = eng.kv_capacity_tokens or cost.kv_capacity_tokens
+    seqs = eng.max_num_seqs or cost.max_batch_size
+    out: dict[InstanceId, Engine] = {}
+    for role, n in (
+        (Role.PREFILL, cfg.n_prefill),
+        (Role.DECODE, cfg.n_decode),
+        (Role.BOTH, cfg.n_both),
+    ):
+        for i in range(n):
+            iid = InstanceId(f"{role.value}-{i}")
+            scheduler.add_instance(InstanceSpec(iid, role))
+            cache = LruBlockCache(cfg.cache_capacity_blocks) if role.prefills else None
+            out[iid] = Engine(
+                iid,
+                role,
+                cache,
+                kv_tokens // eng.block_size_tokens,
+                seqs,
+                eng.max_num_batched_tokens,
+                eng.long_prefill_token_threshold,
+                eng.block_size_tokens,
+            )
+    return out
+
+
 class _Simulation:
-    """One run's state: the scheduler, one record per request, the event queue and the
-    two sides it drives. Prefill instances are registered with the scheduler before decode
-    instances; every event is handled at its time, in ``(time, seq)`` order."""
+    """One run's state: the scheduler, one record per request, the event queue, the
+    engines and the two sides that drive them. Every event is handled at its time, in
+    ``(time, seq)`` order."""
 
     def __init__(self, requests: Sequence[Request], cfg: SimConfig) -> None:
         self.cfg = cfg
@@ -83,8 +109,14 @@ class _Simulation:
         self.tracked_blocks: tuple[BlockHash, ...] = ()
         if cfg.replica_sample_every_s > 0:
             self.tracked_blocks = tracked_blocks(requests, cfg.replica_ranks)
-        self.prefill = PrefillSide(cfg, self.scheduler, requests, self.records, self.events)
-        self.decode = DecodeSide(cfg, self.scheduler, requests, self.records, self.events)
+        self.engines = make_engines(cfg, self.scheduler)
+        self.loop = EngineLoop(cfg.timing, self.records, self.events)
+        for e in self.engines.values():
+            self.loop.add(e)
+        self.prefill = PrefillSide(
+            cfg, self.scheduler, requests, self.records, self.events, self.engines, self.loop
+        )
+        self.decode = DecodeSide(self.scheduler, requests, self.records, self.engines, self.loop)
 
     def run(self, progress: Progress | None) -> None:
         push = self.events.push
@@ -96,8 +128,8 @@ class _Simulation:
         pop = heapq.heappop  # the queue's own pop, inlined: this loop runs once per event
         prefill = self.prefill
         decode = self.decode
-        step_end = decode.on_step_end  # the hot path: ~95% of events on the bundled trace
-        step_kind = DecodeStep
+        step_end = self.loop.on_step_end  # the hot path: ~95% of events on the bundled trace
+        step_kind = EngineStep
         every = self.cfg.load_sample_every_s
         next_sample = self.requests[0].arrival_s if (every > 0 and self.requests) else math.inf
         r_every = self.cfg.replica_sample_every_s
@@ -117,14 +149,12 @@ class _Simulation:
                 arrived += 1
                 if progress is not None and arrived % 500 == 0:
                     progress(arrived, n)
-            elif isinstance(ev, PrefillDone):
-                prefill.on_prefill_done(t, ev.node, ev.job)
             elif isinstance(ev, DecodeJoin):
                 decode.on_join(t, ev.decode, ev.index)
             elif isinstance(ev, FetchDone):
-                prefill.on_fetch_done(t, ev.job, ev.fetched)
+                prefill.on_fetch_done(t, ev.seq, ev.fetched)
             elif isinstance(ev, CopyDone):
-                prefill.store_blocks(t, ev.node, ev.hashes)
+                prefill.store_blocks(t, ev.engine, ev.hashes)
             else:  # KvEventDue (mypy checks that no other kind is left)
                 self.scheduler.on_event(ev.event)
         if progress is not None:
@@ -134,7 +164,7 @@ class _Simulation:
         """Prefill load = mean predicted queue / TTFT SLO; decode load = mean step time /
         TBT SLO (arXiv §7.1 defines load against the SLOs)."""
         sched = self.cfg.scheduler
-        cost = self.cfg.cost
+        cost = self.cfg.timing
         p = self.scheduler.instances
         pre = sum(p[i].prefill.queue_s(t) for i in self.prefill.nodes) / len(self.prefill.nodes)
         dec = sum(
@@ -144,8 +174,8 @@ class _Simulation:
 
     def sample_replicas(self, t: float) -> None:
         """How many prefill caches hold each tracked block at ``t``."""
-        nodes = self.prefill.nodes.values()
-        counts = tuple(sum(1 for n in nodes if h in n.cache) for h in self.tracked_blocks)
+        caches = [n.cache for n in self.prefill.nodes.values() if n.cache is not None]
+        counts = tuple(sum(1 for c in caches if h in c) for h in self.tracked_blocks)
         self.replica_samples.append((t, counts))
 
 

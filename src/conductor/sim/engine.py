@@ -1,0 +1,324 @@
+"""vLLM-like iteration-level scheduling of one simulated engine (after vLLM v1's scheduler).
+
+Every step (one iteration of the engine) is formed when the previous one ends:
+
+1. **Decoding requests first**, one token each. Their KV grows by a token per step and is
+   allocated in blocks of ``block`` tokens as it grows; when the engine's ``kv_blocks`` run
+   out, the **newest** running request is preempted (recompute, vLLM's default): it frees
+   all its blocks and goes back to the front of ``waiting``, to recompute its prompt and
+   the tokens it had produced as a prefill when it is admitted again. The last running
+   request is never preempted (it runs over capacity rather than livelock).
+2. **Running partial prefills**, oldest first, each taking up to
+   ``long_threshold`` (0 = no cap) tokens of what is left of the step's token budget
+   (``budget`` = vLLM's ``max_num_batched_tokens``), preempting like decodes when their
+   chunk's blocks do not fit.
+3. **Waiting requests**, FCFS, admitted while the budget, ``max_seqs`` and free blocks
+   allow (a request whose blocks do not fit stops admission unless the engine is empty;
+   one waiting for remote prefix blocks is skipped). A request whose KV arrived from a
+   prefill engine joins decoding directly (its prompt's blocks and one token of budget).
+
+**Step time** (from the engines' cost model, ``SimConfig.timing``): with ``P(N, e)`` the
+prefill model's time for ``N`` prompt tokens of which ``e`` are already computed, and
+``F = P(1, 0)`` its fixed per-pass part, a chunk of ``c`` tokens after ``e`` earlier ones
+(cached or computed in earlier steps) adds ``P(e + c, e) - F``; the step costs the decode
+model's ``step(B, sum_ctx)`` for its ``B`` decoding requests when ``B > 0`` (its fixed part
+covers the pass) else ``F``, plus its chunks. An unchunked prompt alone thus takes exactly
+``P(N, e)``, and chunking a long one adds ``F`` per extra step. A chunked-pipeline stage
+(``Seq.exclusive_s``) runs alone, once nothing else is running, for its planned time;
+waiting requests behind it wait (FCFS).
+
+The step that computes a prompt's last token emits a token (the first, or after a
+recompute the next one); a decoding request emits one per step. Only the step's requests
+are touched on the way: decodes are kept as sums (``Engine.ctx``) and a finish heap, and
+their exact per-request blocks are counted only when the sum says the blocks might not fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from heapq import heappop, heappush
+
+from conductor.core.costmodel import CostModel
+from conductor.core.types import InstanceId
+from conductor.sim.events import EngineStep, EventQueue
+from conductor.sim.nodes import Engine, Seq
+from conductor.sim.records import RequestRecord
+
+Hook = Callable[[float, Engine, Seq], None]
+Segment = tuple[Engine, int, int]
+"""``(engine, first step, last step)``: a run of steps in which a request emitted a token."""
+
+
+def _noop(t: float, e: Engine, s: Seq) -> None:
+    return None
+
+
+class EngineLoop:
+    """Forms and ends the steps of every engine. The shell sets the hooks: ``on_start``
+    (a request is considered for admission for the first time: set its cached prefix),
+    ``on_first_token`` (a prompt's prefill finished: hand off, or keep decoding here),
+    ``on_finished`` (its last token) and ``on_stage_done`` (a pipeline stage ended)."""
+
+    def __init__(self, cost: CostModel, records: list[RequestRecord], events: EventQueue) -> None:
+        self.prefill_time = cost.prefill.time_s
+        self.step_s = cost.decode.step_s
+        self.fixed_s = cost.prefill.time_s(1, 0)
+        self.records = records
+        self.push = events.push
+        self.order = 0
+        self.segments: dict[int, list[Segment]] = {}
+        self.steps: dict[InstanceId, EngineStep] = {}
+        self.on_start: Hook = _noop
+        self.on_first_token: Hook = _noop
+        self.on_finished: Hook = _noop
+        self.on_stage_done: Hook = _noop
+
+    def add(self, e: Engine) -> None:
+        self.steps[e.iid] = EngineStep(e)
+
+    def enqueue(self, t: float, e: Engine, s: Seq) -> None:
+        e.waiting.append(s)
+        if not e.stepping:
+            self.form(t, e)
+
+    def kick(self, t: float, e: Engine) -> None:
+        if not e.stepping:
+            self.form(t, e)
+
+    # -- forming a step ------------------------------------------------------------------
+    def form(self, t: float, e: Engine) -> None:
+        k = len(e.step_ends)
+        n = len(e.decoding)
+        if n and e.pre_blocks + (e.ctx + n * (e.block - 1)) // e.block > e.kv_blocks:
+            self.make_room(e, k, 0, None)
+            n = len(e.decoding)
+        budget = e.budget - n
+        chunks = e.chunks
+        if e.prefilling:
+            budget = self.schedule_prefills(e, k, budget, chunks)
+            n = len(e.decoding)
+        if e.waiting and budget > 0:
+            self.admit(t, e, k, budget, chunks)
+            if e.exclusive is not None:
+                e.stepping = True
+                self.push(t + e.exclusive.exclusive_s, self.steps[e.iid])
+                return
+            n = len(e.decoding)
+        if not n and not chunks:
+            e.stepping = False
+            return
+        fixed = self.fixed_s
+        dur = self.step_s(n, e.ctx) if n else fixed
+        if chunks:
+            pt = self.prefill_time
+            records = self.records
+            share = 0.0 if n else fixed / len(chunks)
+            for s, c in chunks:
+                x = (pt(s.computed + c, s.computed) - fixed) * s.noise
+                dur += x
+                records[s.index].prefill_compute_s += x + share
+        e.stepping = True
+        self.push(t + dur, self.steps[e.iid])
+
+    def free_bound(self, e: Engine) -> int:
+        """Free blocks, counting each decoding request's partial block as full (a lower
+        bound: exact when it says enough)."""
+        n = len(e.decoding)
+        return e.kv_blocks - e.pre_blocks - (e.ctx + n * (e.block - 1)) // e.block
+
+    def decode_blocks(self, e: Engine, k: int) -> int:
+        """The decoding requests' blocks after step ``k`` (exact)."""
+        bs = e.block
+        return sum(-(-(s.tok0 + 1 + k - s.step0) // bs) for s in e.decoding.values())
+
+    def newest(self, e: Engine) -> Seq | None:
+        p = e.prefilling[-1] if e.prefilling else None
+        d = e.decoding[next(reversed(e.decoding))] if e.decoding else None
+        if p is None or (d is not None and d.order > p.order):
+            return d
+        return p
+
+    def make_room(self, e: Engine, k: int, need: int, requester: Seq | None) -> bool:
+        """Preempt the newest running requests until ``need`` more blocks fit beside the
+        decodes of step ``k``; False when ``requester`` itself had to go."""
+        dec = self.decode_blocks(e, k)
+        while e.pre_blocks + dec + need > e.kv_blocks:
+            if len(e.prefilling) + len(e.decoding) <= 1:
+                return True  # never the last one: it runs over capacity
+            victim = self.newest(e)
+            if victim is None:
+                return True
+            dec -= self.preempt(e, k, victim)
+            if victim is requester:
+                return False
+        return True
+
+    def preempt(self, e: Engine, k: int, s: Seq) -> int:
+        """Recompute preemption of ``s`` before step ``k``; returns the decode blocks freed."""
+        self.records[s.index].preemptions += 1
+        e.preemptions += 1
+        freed = 0
+        if e.decoding.get(s.order) is s:
+            del e.decoding[s.order]
+            done = k - s.step0
+            c = s.tok0 + 1 + done
+            e.ctx -= c
+            freed = -(-c // e.block)
+            if k - 1 >= s.seg_first:
+                self.segments[s.index].append((e, s.seg_first, k - 1))
+            s.remaining -= done
+            s.target = s.tok0 + done + 1
+            s.computed = s.base = 0
+        else:
+            e.prefilling.remove(s)
+            e.pre_blocks -= s.blocks
+            s.computed = s.base
+        s.blocks = 0
+        s.order = 0
+        e.waiting.appendleft(s)
+        return freed
+
+    def schedule_prefills(
+        self, e: Engine, k: int, budget: int, chunks: list[tuple[Seq, int]]
+    ) -> int:
+        bs = e.block
+        thr = e.long_threshold
+        for s in list(e.prefilling):
+            if budget <= 0:
+                break
+            if s.order == 0:
+                continue  # preempted for an older request in this loop
+            c = s.target - s.computed
+            if thr and c > thr:
+                c = thr
+            if c > budget:
+                c = budget
+            need = -(-(s.computed + c) // bs) - s.blocks
+            if need > 0 and need > self.free_bound(e) and not self.make_room(e, k, need, s):
+                continue
+            s.blocks += need
+            e.pre_blocks += need
+            chunks.append((s, c))
+            budget -= c
+        return budget
+
+    def admit(
+        self, t: float, e: Engine, k: int, budget: int, chunks: list[tuple[Seq, int]]
+    ) -> None:
+        w = e.waiting
+        bs = e.block
+        thr = e.long_threshold
+        running = len(e.prefilling) + len(e.decoding)
+        i = 0
+        while i < len(w) and budget > 0 and running < e.max_seqs:
+            s = w[i]
+            if s.fetch_pending:
+                i += 1
+                continue
+            if s.exclusive_s > 0:
+                if running == 0:
+                    del w[i]
+                    if not s.started:
+                        self.on_start(t, e, s)
+                        s.started = True
+                    e.exclusive = s
+                break  # FCFS: the stage waits for the engine to empty, and so do those behind
+            if not s.started:
+                self.on_start(t, e, s)
+            joins = s.decodes and s.computed >= s.target
+            c = 1 if joins else s.target - s.computed
+            if thr and c > thr:
+                c = thr
+            if c > budget:
+                c = budget
+            need = -(-(s.computed + c) // bs)
+            if (
+                running
+                and need > self.free_bound(e)
+                and need > e.kv_blocks - e.pre_blocks - self.decode_blocks(e, k)
+            ):
+                break
+            del w[i]
+            s.started = True
+            running += 1
+            budget -= c
+            if joins:
+                self.start_decode(e, s, k)
+                s.seg_first = k
+                continue
+            self.order += 1
+            s.order = self.order
+            s.blocks = need
+            e.pre_blocks += need
+            e.prefilling.append(s)
+            chunks.append((s, c))
+            if self.records[s.index].prefill_start_s is None:
+                self.records[s.index].prefill_start_s = t
+
+    def start_decode(self, e: Engine, s: Seq, step0: int) -> None:
+        """``s`` (``target`` tokens of KV here) decodes from step ``step0`` on."""
+        self.order += 1
+        s.order = self.order
+        s.tok0 = s.target
+        s.step0 = step0
+        s.last = step0 + s.remaining - 1
+        e.ctx += s.tok0 + 1
+        e.decoding[s.order] = s
+        heappush(e.finish_heap, (s.last, s.order))
+
+    # -- a step ends ---------------------------------------------------------------------
+    def on_step_end(self, t: float, ev: EngineStep) -> None:
+        e = ev.engine
+        k = len(e.step_ends)
+        e.step_ends.append(t)
+        if e.exclusive is not None:
+            s = e.exclusive
+            e.exclusive = None
+            self.on_stage_done(t, e, s)
+            self.form(t, e)
+            return
+        dec = e.decoding
+        e.ctx += len(dec)
+        fh = e.finish_heap
+        while fh and fh[0][0] <= k:
+            o = heappop(fh)[1]
+            f = dec.pop(o, None)
+            if f is None:
+                continue  # preempted since
+            s = f
+            e.ctx -= s.tok0 + 2 + k - s.step0
+            self.segments[s.index].append((e, s.seg_first, k))
+            s.order = 0
+            self.on_finished(t, e, s)
+        chunks = e.chunks
+        if chunks:
+            done = [s for s, c in chunks if self._advance(s, c)]
+            chunks.clear()
+            for s in done:
+                self.prefill_complete(t, e, s, k)
+        self.form(t, e)
+
+    @staticmethod
+    def _advance(s: Seq, c: int) -> bool:
+        s.computed += c
+        return s.computed >= s.target
+
+    def prefill_complete(self, t: float, e: Engine, s: Seq, k: int) -> None:
+        e.prefilling.remove(s)
+        e.pre_blocks -= s.blocks
+        s.blocks = 0
+        s.order = 0
+        if not s.decodes:
+            self.on_first_token(t, e, s)
+            return
+        first = self.records[s.index].prefill_end_s is None
+        s.remaining -= 1
+        if first:
+            self.on_first_token(t, e, s)
+        if s.remaining <= 0:
+            if not first:
+                self.segments[s.index].append((e, k, k))
+            self.on_finished(t, e, s)
+            return
+        self.start_decode(e, s, k + 1)
+        s.seg_first = k + 1 if first else k
