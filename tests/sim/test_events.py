@@ -11,23 +11,27 @@ import conductor.sim.simulator as simulator
 from conductor.core.config import SchedulerConfig
 from conductor.core.events import BlocksRemoved, BlocksStored
 from conductor.core.plan import Plan
-from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Tier
+from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role, Tier
 from conductor.sim import SimConfig, simulate
 from conductor.sim.cache import LruBlockCache
 from conductor.sim.events import (
     Arrival,
     CopyDone,
     DecodeJoin,
-    DecodeStep,
+    EngineStep,
     EventQueue,
     FetchDone,
     KvEventDue,
-    PrefillDone,
     SimEvent,
 )
-from conductor.sim.nodes import DecodeNode, Job, PrefillNode
+from conductor.sim.nodes import Engine, Seq
 
-KINDS = (Arrival, FetchDone, PrefillDone, DecodeJoin, DecodeStep, KvEventDue, CopyDone)
+KINDS = (Arrival, FetchDone, DecodeJoin, EngineStep, KvEventDue, CopyDone)
+
+
+def _engine(name: str, role: Role) -> Engine:
+    cache = LruBlockCache(None) if role.prefills else None
+    return Engine(InstanceId(name), role, cache, 1000, 4, 8192, 0, 16)
 
 
 def _req(i: int, t: float, blocks: tuple[int, ...], out: int = 3) -> Request:
@@ -36,20 +40,20 @@ def _req(i: int, t: float, blocks: tuple[int, ...], out: int = 3) -> Request:
 
 
 def test_queue_pops_by_time_then_push_order_with_exact_payloads() -> None:
-    p = PrefillNode(InstanceId("prefill-0"), LruBlockCache(None))
-    d = DecodeNode(InstanceId("decode-0"), 1000, 4)
+    p = _engine("prefill-0", Role.PREFILL)
+    d = _engine("decode-0", Role.DECODE)
     req = _req(0, 0.0, (1, 2))
     plan = Plan(req.request_id, p.iid, d.iid, "test", 0, None, 1.0, 0.0, 0.0, 1.0, 0.05)
-    job = Job(0, req, plan)
+    job = Seq(0, plan, req.prompt_tokens, 3, decodes=False)
     hashes = (BlockHash(1), BlockHash(2))
     kv = BlocksStored(p.iid, hashes, Tier.DRAM)
     q = EventQueue()
     pushed: list[tuple[float, SimEvent]] = [
         (2.0, Arrival(7)),
         (1.0, FetchDone(job, hashes)),
-        (2.0, PrefillDone(p, job)),
+        (2.0, EngineStep(p)),
         (0.5, DecodeJoin(d.iid, 7)),
-        (2.0, DecodeStep(d)),
+        (2.0, EngineStep(d)),
         (1.0, KvEventDue(kv)),
         (0.5, CopyDone(p, hashes)),
     ]
@@ -64,24 +68,22 @@ def test_queue_pops_by_time_then_push_order_with_exact_payloads() -> None:
         (1.0, 2, FetchDone),
         (1.0, 6, KvEventDue),
         (2.0, 1, Arrival),
-        (2.0, 3, PrefillDone),
-        (2.0, 5, DecodeStep),
+        (2.0, 3, EngineStep),
+        (2.0, 5, EngineStep),
     ]
+    steps = [ev for _, _, ev in popped if isinstance(ev, EngineStep)]
+    assert [s.engine for s in steps] == [p, d]
     by_kind = {type(ev): ev for _, _, ev in popped}
     arrival = by_kind[Arrival]
     assert isinstance(arrival, Arrival) and arrival.index == 7
     fetch = by_kind[FetchDone]
-    assert isinstance(fetch, FetchDone) and fetch.job is job and fetch.fetched == hashes
-    done = by_kind[PrefillDone]
-    assert isinstance(done, PrefillDone) and done.node is p and done.job is job
+    assert isinstance(fetch, FetchDone) and fetch.seq is job and fetch.fetched == hashes
     join = by_kind[DecodeJoin]
     assert isinstance(join, DecodeJoin) and (join.decode, join.index) == (d.iid, 7)
-    step = by_kind[DecodeStep]
-    assert isinstance(step, DecodeStep) and step.node is d
     due = by_kind[KvEventDue]
     assert isinstance(due, KvEventDue) and due.event is kv
     copy = by_kind[CopyDone]
-    assert isinstance(copy, CopyDone) and copy.node is p and copy.hashes == hashes
+    assert isinstance(copy, CopyDone) and copy.engine is p and copy.hashes == hashes
 
 
 def _record_pops(
@@ -103,9 +105,9 @@ def _record_pops(
     ("policy", "kinds"),
     [
         # sglang piles a hot prefix on one holder: background copies; KV events delayed
-        ("sglang", {Arrival, PrefillDone, DecodeJoin, DecodeStep, KvEventDue, CopyDone}),
+        ("sglang", {Arrival, DecodeJoin, EngineStep, KvEventDue, CopyDone}),
         # conductor fetches the prefix to a less loaded instance instead
-        ("conductor", {Arrival, FetchDone, PrefillDone, DecodeJoin, DecodeStep, KvEventDue}),
+        ("conductor", {Arrival, FetchDone, DecodeJoin, EngineStep, KvEventDue}),
     ],
 )
 def test_a_run_pops_typed_events_in_time_then_seq_order(
@@ -130,14 +132,12 @@ def test_a_run_pops_typed_events_in_time_then_seq_order(
     assert sum(1 for _, _, ev in popped if type(ev) is CopyDone) == res.copies
     for _, _, ev in popped:
         assert type(ev) in KINDS
-        if isinstance(ev, DecodeStep):
-            assert type(ev.node) is DecodeNode
-        elif isinstance(ev, PrefillDone):
-            assert type(ev.node) is PrefillNode and type(ev.job) is Job
+        if isinstance(ev, EngineStep):
+            assert type(ev.engine) is Engine
         elif isinstance(ev, FetchDone):
-            assert type(ev.job) is Job and type(ev.fetched) is tuple
+            assert type(ev.seq) is Seq and type(ev.fetched) is tuple
         elif isinstance(ev, CopyDone):
-            assert type(ev.node) is PrefillNode and type(ev.hashes) is tuple
+            assert type(ev.engine) is Engine and type(ev.hashes) is tuple
         elif isinstance(ev, DecodeJoin):
             assert type(ev.decode) is str and type(ev.index) is int
         elif isinstance(ev, KvEventDue):

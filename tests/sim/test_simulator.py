@@ -162,9 +162,10 @@ def test_cpp_splits_a_long_prompt_and_lowers_its_ttft() -> None:
     )
     r1, r4 = single.records[0], cpp.records[0]
     assert r1.cpp_nodes == 1 and r4.cpp_nodes == 4
-    # chunked in 4096-token steps (the long-prefill cap): each extra step adds F = P(1, 0)
-    steps = -(-n // EngineConfig().long_prefill_token_threshold)
-    assert r1.ttft_s == pytest.approx(BASE.prefill_s(n, 0) + (steps - 1) * BASE.prefill_s(1, 0))
+    # alone, chunked in 4096-token steps (the long-prefill cap): step j costs P(e + c, e)
+    cap = EngineConfig().long_prefill_token_threshold
+    steps = [BASE.prefill_s(min(e + cap, n), e) for e in range(0, n, cap)]
+    assert len(steps) == 25 and r1.ttft_s == pytest.approx(sum(steps))
     assert r4.ttft_s is not None and r1.ttft_s is not None
     assert r4.ttft_s < r1.ttft_s / 2.5
     assert r4.ttft_s == pytest.approx(r4.predicted_ttft_s)

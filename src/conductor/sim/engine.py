@@ -22,8 +22,9 @@ prefill model's time for ``N`` prompt tokens of which ``e`` are already computed
 ``F = P(1, 0)`` its fixed per-pass part, a chunk of ``c`` tokens after ``e`` earlier ones
 (cached or computed in earlier steps) adds ``P(e + c, e) - F``; the step costs the decode
 model's ``step(B, sum_ctx)`` for its ``B`` decoding requests when ``B > 0`` (its fixed part
-covers the pass) else ``F``, plus its chunks. An unchunked prompt alone thus takes exactly
-``P(N, e)``, and chunking a long one adds ``F`` per extra step. A chunked-pipeline stage
+covers the pass) else ``F``, plus its chunks. A prompt alone thus takes ``P(e + c, e)`` per
+step: unchunked exactly ``P(N, e)``; chunked, about one fixed per-pass overhead per extra
+step more. A chunked-pipeline stage
 (``Seq.exclusive_s``) runs alone, once nothing else is running, for its planned time;
 waiting requests behind it wait (FCFS).
 
@@ -65,6 +66,7 @@ class EngineLoop:
         self.fixed_s = cost.prefill.time_s(1, 0)
         self.records = records
         self.push = events.push
+        self.queue = events
         self.order = 0
         self.segments: dict[int, list[Segment]] = {}
         self.steps: dict[InstanceId, EngineStep] = {}
@@ -269,8 +271,9 @@ class EngineLoop:
     # -- a step ends ---------------------------------------------------------------------
     def on_step_end(self, t: float, ev: EngineStep) -> None:
         e = ev.engine
-        k = len(e.step_ends)
-        e.step_ends.append(t)
+        ends = e.step_ends
+        k = len(ends)
+        ends.append(t)
         if e.exclusive is not None:
             s = e.exclusive
             e.exclusive = None
@@ -285,17 +288,26 @@ class EngineLoop:
             f = dec.pop(o, None)
             if f is None:
                 continue  # preempted since
-            s = f
-            e.ctx -= s.tok0 + 2 + k - s.step0
-            self.segments[s.index].append((e, s.seg_first, k))
-            s.order = 0
-            self.on_finished(t, e, s)
+            e.ctx -= f.tok0 + 2 + k - f.step0
+            self.segments[f.index].append((e, f.seg_first, k))
+            f.order = 0
+            self.on_finished(t, e, f)
         chunks = e.chunks
         if chunks:
             done = [s for s, c in chunks if self._advance(s, c)]
             chunks.clear()
             for s in done:
                 self.prefill_complete(t, e, s, k)
+        elif not e.waiting and not e.prefilling:
+            # the hot path: decodes only, and their blocks surely fit (see ``form``)
+            n = len(dec)
+            if n:
+                ctx = e.ctx
+                if (ctx + n * (e.block - 1)) // e.block <= e.kv_blocks:
+                    q = self.queue
+                    q.seq += 1
+                    heappush(q.heap, (t + self.step_s(n, ctx), q.seq, ev))
+                    return
         self.form(t, e)
 
     @staticmethod
