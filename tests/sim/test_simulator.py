@@ -8,8 +8,8 @@ from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import LinearDecode, PolynomialPrefill, preset
 from conductor.core.types import BlockHash, Request, RequestId
 from conductor.sim import SimConfig, simulate
-from conductor.sim.config import EngineConfig
 from conductor.sim.cache import LruBlockCache
+from conductor.sim.config import EngineConfig
 
 BASE = preset("llama3-70b-a800x8")
 

@@ -26,6 +26,7 @@ from conductor.core.events import (
     RequestFinished,
 )
 from conductor.core.hotspot import HotspotTracker
+from conductor.core.nic import NicBook
 from conductor.core.plan import Decision, Fetch, Migration, Plan, Rejection
 from conductor.core.policies import DecodePolicy, PrefillChoice, SchedulingContext, make_policy
 from conductor.core.policies.decode import LeastTbtDecode, tbt_factor
@@ -75,6 +76,7 @@ class Scheduler:
         self._pools: tuple[list[InstanceState], list[InstanceState]] | None = None
         self.forecast = DecodeForecast(self.config.decode_time_s)
         self.hotspots = HotspotTracker() if self.config.replication_enabled else None
+        self.nic = NicBook()
 
     # -- membership ----------------------------------------------------------------------
     def add_instance(self, spec: InstanceSpec) -> None:
@@ -207,6 +209,7 @@ class Scheduler:
             config=self.config,
             rng=self._rng,
             round_robin_counter=self._rr,
+            nic=self.nic,
         )
 
     def schedule(self, request: Request, now_s: float) -> Decision:
@@ -321,6 +324,7 @@ class Scheduler:
             hashes = tuple(req.block_hashes[first:last])
             fetch = Fetch(pre.fetch_source, pre.fetch_tokens, hashes)
             migrations = (Migration(pre.fetch_source, pre.instance, hashes),)
+        self.nic.book_plan(ctx, pre, decode)
         deferred = self.config.admission == "baseline"
         if not deferred:
             self.forecast.add(

@@ -16,6 +16,7 @@ from typing import ClassVar, Protocol
 
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel
+from conductor.core.nic import NicBook
 from conductor.core.prefix_index import PrefixMatch
 from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId, Request
@@ -66,6 +67,7 @@ class SchedulingContext:
     config: SchedulerConfig
     rng: random.Random
     round_robin_counter: int
+    nic: NicBook | None = None
     _prefill_memo: dict[int, float] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -77,6 +79,10 @@ class SchedulingContext:
             t = self.cost.prefill_s(self.request.prompt_tokens, cached_tokens)
             self._prefill_memo[cached_tokens] = t
         return t
+
+    def nic_wait_s(self, source: InstanceId | None, target: InstanceId) -> float:
+        """How long a fetch from ``source`` to ``target`` would wait for their NICs."""
+        return 0.0 if self.nic is None else self.nic.wait_s(source, target, self.now_s)
 
     def tokens(self, blocks: int) -> int:
         """Reusable tokens covered by ``blocks`` leading blocks: the last block may be
@@ -112,7 +118,8 @@ class SchedulingContext:
         )
 
     def fetch_choice(self, inst: InstanceState) -> PrefillChoice:
-        """Fetch the best remote prefix to ``inst`` and compute the rest there."""
+        """Fetch the best remote prefix to ``inst`` and compute the rest there (the transfer
+        time includes the wait for the two NICs)."""
         iid = inst.spec.instance_id
         local = self.local_tokens(inst)
         best = self.best_tokens()
@@ -127,7 +134,7 @@ class SchedulingContext:
             fetch,
             source,
             inst.prefill.queue_s(self.now_s),
-            self.cost.transfer_s(fetch, bw),
+            self.cost.transfer_s(fetch, bw) + self.nic_wait_s(source, iid),
             self.prefill_s(best),
         )
 

@@ -21,6 +21,7 @@ Those defaults were fixed from the cost model and checked on one generated workl
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 from conductor.core.policies.base import PrefillChoice, SchedulingContext
@@ -36,15 +37,16 @@ class ConductorPolicy:
     def choose_prefill(self, ctx: SchedulingContext) -> PrefillChoice:
         """``argmin_i min(TTFT_local(i), TTFT_fetch(i))`` with the tie-break above.
 
-        Everything but the queue depends only on (local prefix in blocks, NIC, sole holder
-        of the best prefix), so it is computed once per such class; only the winner's
+        Everything but the queue and a fetch's wait for the NICs depends only on (local
+        prefix in blocks, NIC, sole holder of the best prefix), so it is computed once per
+        such class; only the winner's
         choice object is built (by ``ctx.local_choice`` / ``ctx.fetch_choice``)."""
         now = ctx.now_s
         local_blocks = ctx.match.local_blocks.get
         holders = ctx.match.best_holders
         sole = holders[0] if len(holders) == 1 else None
         best_tokens = ctx.best_tokens()
-        estimates: dict[tuple[int, float | None, bool], tuple[float, bool]] = {}
+        estimates: dict[tuple[int, float | None, bool], tuple[float, float]] = {}
         winner: InstanceState | None = None
         winner_key = (0.0, 0.0, 0)
         winner_fetches = False
@@ -55,7 +57,11 @@ class ConductorPolicy:
             est = estimates.get(k)
             if est is None:
                 est = estimates[k] = _estimate(ctx, best_tokens, *k)
-            rest, fetches = est
+            local, fetch = est
+            if fetch < math.inf:
+                fetch += ctx.nic_wait_s(ctx.fetch_source(iid), iid)
+            fetches = fetch < local
+            rest = fetch if fetches else local
             queue = inst.prefill.queue_s(now)
             key = (queue + rest, queue, inst.prefill.queued_tokens)
             if winner is None or key < winner_key:
@@ -70,14 +76,14 @@ def _estimate(
     local_blocks: int,
     nic_bytes_per_s: float | None,
     sole_holder: bool,
-) -> tuple[float, bool]:
-    """(TTFT - queue, fetches) of the cheaper of computing locally and fetching first."""
+) -> tuple[float, float]:
+    """(TTFT - queue) computing locally, and fetching first (inf when there is nothing to
+    fetch; the NIC wait is the caller's, per instance)."""
     local = ctx.tokens(local_blocks)
     compute_local = ctx.prefill_s(local)
     if best_tokens > local and not sole_holder:
         fetch = ctx.cost.transfer_s(best_tokens - local, nic_bytes_per_s) + ctx.prefill_s(
             best_tokens
         )
-        if fetch < compute_local:
-            return fetch, True
-    return compute_local, False
+        return compute_local, fetch
+    return compute_local, math.inf

@@ -38,8 +38,9 @@ class MooncakePolicy:
 
         ``TTFT_i - T_queue(i)`` depends only on the instance's local prefix (in blocks), its
         NIC and whether it is the sole holder of the best prefix (then there is nothing to
-        fetch), so it is computed once per such class and memoised; most instances share
-        one. Candidates are compared by their float TTFT, summed in the order of
+        fetch), so it is computed once per such class and memoised (a fetch's wait for the
+        NICs is added per instance); most instances share one. Candidates are compared by
+        their float TTFT, summed in the order of
         :attr:`PrefillChoice.ttft_s` with the estimators of ``ctx.local_choice`` /
         ``ctx.fetch_choice``. Only the winner's choice object is built, by those methods,
         so the plan is the one ``argmin_ttft`` over every candidate's choice would give.
@@ -61,6 +62,8 @@ class MooncakePolicy:
             if est is None:
                 est = estimates[key] = _estimate(ctx, *key)
             transfer, compute, fetches = est
+            if fetches:
+                transfer += ctx.nic_wait_s(ctx.fetch_source(iid), iid)
             ttft = inst.prefill.queue_s(now) + transfer + compute
             if winner is None or ttft < winner_ttft:
                 winner, winner_ttft, winner_fetches = inst, ttft, fetches

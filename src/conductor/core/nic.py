@@ -1,0 +1,62 @@
+"""Predicted NIC occupancy, so that a plan's transfer time includes the wait for the NICs.
+
+Every KV transfer a plan makes (a prefix fetch to the prefill instance, the prompt's KV to
+the decode instance) holds the source's egress and the target's ingress for its predicted
+time, after the transfers already booked on either (FIFO per NIC direction, the model the
+simulator executes). A transfer's predicted time is then its wait plus its own duration.
+Pure bookkeeping: times come in as arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from conductor.core.types import InstanceId
+
+if TYPE_CHECKING:
+    from conductor.core.policies.base import PrefillChoice, SchedulingContext
+
+
+@dataclass(slots=True)
+class NicBook:
+    """When each instance's egress (``out_free_s``) and ingress (``in_free_s``) is next free,
+    as predicted from the transfers booked so far."""
+
+    out_free_s: dict[InstanceId, float] = field(default_factory=dict)
+    in_free_s: dict[InstanceId, float] = field(default_factory=dict)
+
+    def wait_s(self, source: InstanceId | None, target: InstanceId, now_s: float) -> float:
+        """How long a transfer from ``source`` to ``target`` requested at ``now_s`` waits."""
+        if source is None:
+            return 0.0
+        free = max(self.out_free_s.get(source, 0.0), self.in_free_s.get(target, 0.0))
+        return free - now_s if free > now_s else 0.0
+
+    def book(self, source: InstanceId, target: InstanceId, start_s: float, seconds: float) -> float:
+        """Book a transfer of ``seconds`` from ``source`` to ``target`` starting no earlier
+        than ``start_s``; returns its predicted end."""
+        start = max(start_s, self.out_free_s.get(source, 0.0), self.in_free_s.get(target, 0.0))
+        end = start + seconds
+        self.out_free_s[source] = end
+        self.in_free_s[target] = end
+        return end
+
+    def book_plan(self, ctx: SchedulingContext, pre: PrefillChoice, decode: InstanceId) -> None:
+        """Book a plan's KV transfers: the prefix fetch now, and the prompt's KV to
+        ``decode`` streamed (layer by layer) from the predicted start of the prefill."""
+        cost = ctx.cost
+        bw = next(
+            (
+                i.spec.nic_bytes_per_s
+                for i in ctx.prefill_pool
+                if i.spec.instance_id == pre.instance
+            ),
+            None,
+        )
+        if pre.fetch_source is not None and pre.fetch_tokens > 0:
+            seconds = cost.transfer_s(pre.fetch_tokens, bw)
+            self.book(pre.fetch_source, pre.instance, ctx.now_s, seconds)
+        if decode != pre.instance:
+            start = ctx.now_s + pre.ttft_s - pre.prefill_s
+            self.book(pre.instance, decode, start, cost.transfer_s(ctx.request.prompt_tokens, bw))
