@@ -16,17 +16,22 @@ from conductor.cli.sim_options import (
     DEFAULT_TBT_SLO_MS,
     DEFAULTS,
     AdmissionOpt,
+    BatchTokensOpt,
+    BothOpt,
     CacheOpt,
     ClusterOptions,
     CppOpt,
     DecodeOpt,
     DelayOpt,
     JsonOpt,
+    KvBlockOpt,
     LimitOpt,
+    LongPrefillOpt,
     PrefillOpt,
     PresetOpt,
     ReplOpt,
     SeedOpt,
+    SeqsOpt,
     SkipOpt,
     SpeedOpt,
     TbtOpt,
@@ -123,6 +128,11 @@ def register(app: typer.Typer) -> None:
         cache_tokens: CacheOpt = None,
         unbounded_cache: UnboundedOpt = False,
         kv_event_delay_s: DelayOpt = DEFAULTS.kv_event_delay_s,
+        both: BothOpt = DEFAULTS.n_both,
+        max_num_batched_tokens: BatchTokensOpt = DEFAULTS.engine.max_num_batched_tokens,
+        max_num_seqs: SeqsOpt = DEFAULTS.engine.max_num_seqs,
+        kv_block_tokens: KvBlockOpt = DEFAULTS.engine.block_size_tokens,
+        long_prefill_tokens: LongPrefillOpt = DEFAULTS.engine.long_prefill_token_threshold,
         load_plot: Annotated[
             Path | None,
             typer.Option("--load-plot", help="PNG of prefill/decode load and replicas over time"),
@@ -134,7 +144,8 @@ def register(app: typer.Typer) -> None:
         requests = load_requests(trace, limit, speed, skip_invalid)
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
-            replication, cache_tokens, unbounded_cache, kv_event_delay_s,
+            replication, cache_tokens, unbounded_cache, kv_event_delay_s, both,
+            max_num_batched_tokens, max_num_seqs, kv_block_tokens, long_prefill_tokens,
         )  # fmt: skip
         cfg = build_config(options, name, load_plot=load_plot is not None)
         res = _run(requests, cfg)
@@ -176,6 +187,11 @@ def register(app: typer.Typer) -> None:
         cache_tokens: CacheOpt = None,
         unbounded_cache: UnboundedOpt = False,
         kv_event_delay_s: DelayOpt = DEFAULTS.kv_event_delay_s,
+        both: BothOpt = DEFAULTS.n_both,
+        max_num_batched_tokens: BatchTokensOpt = DEFAULTS.engine.max_num_batched_tokens,
+        max_num_seqs: SeqsOpt = DEFAULTS.engine.max_num_seqs,
+        kv_block_tokens: KvBlockOpt = DEFAULTS.engine.block_size_tokens,
+        long_prefill_tokens: LongPrefillOpt = DEFAULTS.engine.long_prefill_token_threshold,
     ) -> None:
         """Run several policies on identical input and print one table."""
         names = (
@@ -192,7 +208,8 @@ def register(app: typer.Typer) -> None:
         )
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
-            replication, cache_tokens, unbounded_cache, kv_event_delay_s,
+            replication, cache_tokens, unbounded_cache, kv_event_delay_s, both,
+            max_num_batched_tokens, max_num_seqs, kv_block_tokens, long_prefill_tokens,
         )  # fmt: skip
         results: list[SimResult] = []
         for name, mode in [(n, m) for n in names for m in modes]:
@@ -229,6 +246,11 @@ def register(app: typer.Typer) -> None:
         cpp: CppOpt = None,
         skip_invalid: SkipOpt = False,
         bisect_steps: Annotated[int, typer.Option("--bisect-steps")] = 4,
+        both: BothOpt = DEFAULTS.n_both,
+        max_num_batched_tokens: BatchTokensOpt = DEFAULTS.engine.max_num_batched_tokens,
+        max_num_seqs: SeqsOpt = DEFAULTS.engine.max_num_seqs,
+        kv_block_tokens: KvBlockOpt = DEFAULTS.engine.block_size_tokens,
+        long_prefill_tokens: LongPrefillOpt = DEFAULTS.engine.long_prefill_token_threshold,
     ) -> None:
         """Largest replay speed per policy whose SLO attainment stays >= target."""
         names = (
@@ -249,8 +271,10 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"must be in (0, 1], got {target}", param_hint="--target")
         requests = load_requests(trace, limit, 1.0, skip_invalid)
         options = ClusterOptions(
-            prefill, decode, preset_name, ttft_slo_s, thresholds[0], seed, admission, cpp
-        )
+            prefill, decode, preset_name, ttft_slo_s, thresholds[0], seed, admission, cpp,
+            both=both, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+            kv_block_tokens=kv_block_tokens, long_prefill_tokens=long_prefill_tokens,
+        )  # fmt: skip
         out: list[dict[str, Any]] = []
         for name in names:
             row: dict[str, Any] = {"policy": name}

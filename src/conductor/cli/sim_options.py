@@ -20,7 +20,7 @@ from conductor.core.costmodel import PRESETS, preset
 from conductor.core.errors import ConductorError, InvalidInput
 from conductor.core.policies import check_policy, policy_config_defaults
 from conductor.core.types import Request
-from conductor.sim.config import SimConfig
+from conductor.sim.config import EngineConfig, SimConfig
 from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
 
 DEFAULTS = SimConfig()
@@ -42,6 +42,11 @@ FLAGS = {
     "admission": "--admission",
     "cache_capacity_tokens": "--cache-tokens",
     "kv_event_delay_s": "--kv-event-delay-s",
+    "n_both": "--both",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_num_seqs": "--max-num-seqs",
+    "block_size_tokens": "--kv-block-tokens",  # the engines' (the scheduler's is no flag)
+    "long_prefill_token_threshold": "--long-prefill-tokens",
 }
 """Config field -> the option that sets it."""
 
@@ -83,6 +88,22 @@ CacheOpt = Annotated[
 ]
 UnboundedOpt = Annotated[
     bool, typer.Option("--unbounded-cache", help="prefill caches without capacity limit")
+]
+BothOpt = Annotated[int, typer.Option("--both", help="instances that prefill and decode")]
+BatchTokensOpt = Annotated[
+    int,
+    typer.Option("--max-num-batched-tokens", help="engines' token budget per step (vLLM's)"),
+]
+SeqsOpt = Annotated[
+    int | None,
+    typer.Option("--max-num-seqs", help="engines' most running requests (default: preset's)"),
+]
+KvBlockOpt = Annotated[
+    int, typer.Option("--kv-block-tokens", help="engines' KV allocation block, in tokens")
+]
+LongPrefillOpt = Annotated[
+    int,
+    typer.Option("--long-prefill-tokens", help="most tokens one prefill takes per step (0: all)"),
 ]
 DelayOpt = Annotated[
     float, typer.Option("--kv-event-delay-s", help="delay of KV events to the scheduler")
@@ -132,6 +153,11 @@ class ClusterOptions:
     cache_tokens: int | None = None
     unbounded: bool = False
     kv_event_delay_s: float = DEFAULTS.kv_event_delay_s
+    both: int = DEFAULTS.n_both
+    max_num_batched_tokens: int = DEFAULTS.engine.max_num_batched_tokens
+    max_num_seqs: int | None = DEFAULTS.engine.max_num_seqs
+    kv_block_tokens: int = DEFAULTS.engine.block_size_tokens
+    long_prefill_tokens: int = DEFAULTS.engine.long_prefill_token_threshold
 
 
 def build_config(
@@ -159,10 +185,18 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         replication_enabled=o.replication,
         seed=o.seed,
     )
+    engine = EngineConfig(
+        max_num_batched_tokens=o.max_num_batched_tokens,
+        max_num_seqs=o.max_num_seqs,
+        block_size_tokens=o.kv_block_tokens,
+        long_prefill_token_threshold=o.long_prefill_tokens,
+    )
     return SimConfig(
         policy=policy,
         n_prefill=o.prefill,
         n_decode=o.decode,
+        n_both=o.both,
+        engine=engine,
         cost=preset(o.preset_name),
         scheduler=sched,
         cache_capacity_tokens=None
