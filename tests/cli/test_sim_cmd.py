@@ -39,6 +39,7 @@ def test_simulate_writes_the_json_contract(tmp_path: Path) -> None:
         "goodput_rps",
         "cache_hit_rate",
         "prefill_compute_s",
+        "preemptions",
         "sim_wall_s",
     ):
         assert key in data, key
@@ -133,6 +134,28 @@ def test_bad_options_are_named() -> None:
     assert r.exit_code == 2 and "--prefill" in r.output
     r = runner.invoke(app, ["simulate", "--trace", "/nonexistent/x.jsonl"])
     assert r.exit_code == 2 and "no such file" in r.output
+    for flag, value in (
+        ("--kv-block-tokens", "0"),
+        ("--max-num-batched-tokens", "0"),
+        ("--max-num-seqs", "0"),
+        ("--long-prefill-tokens", "-1"),
+        ("--both", "-1"),
+    ):
+        r = runner.invoke(app, ["simulate", flag, value])
+        assert r.exit_code == 2, flag
+        assert r.stderr.startswith(f"error: invalid {flag}={value}: must be >= "), r.stderr
+
+
+def test_both_role_instances_and_engine_flags(tmp_path: Path) -> None:
+    """Two role=both instances and nothing else; small engine steps and KV blocks."""
+    out = tmp_path / "r.json"
+    args = ["simulate", "--trace", str(_trace(tmp_path)), "--prefill", "0", "--decode", "0"]
+    args += ["--both", "2", "--max-num-batched-tokens", "1024", "--kv-block-tokens", "32"]
+    result = runner.invoke(app, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["requests"] == 60 and data["completed"] + data["rejected"] == 60
+    assert "preemptions: 0" in result.output
 
 
 def test_capacity_finds_a_speed(tmp_path: Path) -> None:

@@ -301,7 +301,8 @@ def _print_extras(summary: dict[str, Any]) -> None:
     ]
     typer.echo(
         f"mean TTFT by prompt length: {', '.join(parts)}; CPP requests: {summary['cpp_requests']};"
-        f" wasted prefill: {summary['wasted_prefill_s']:.0f}s"
+        f" wasted prefill: {summary['wasted_prefill_s']:.0f}s;"
+        f" preemptions: {summary['preemptions']}"
     )
 
 
