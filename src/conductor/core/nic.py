@@ -25,6 +25,8 @@ class NicBook:
 
     out_free_s: dict[InstanceId, float] = field(default_factory=dict)
     in_free_s: dict[InstanceId, float] = field(default_factory=dict)
+    _bw: dict[InstanceId, float | None] = field(default_factory=dict)
+    _pool: object = None  # the prefill pool ``_bw`` was read from (rebuilt when it changes)
 
     def wait_s(self, source: InstanceId | None, target: InstanceId, now_s: float) -> float:
         """How long a transfer from ``source`` to ``target`` requested at ``now_s`` waits."""

@@ -281,33 +281,36 @@ class EngineLoop:
             self.form(t, e)
             return
         dec = e.decoding
-        e.ctx += len(dec)
+        n = len(dec)
+        ctx = e.ctx + n
+        e.ctx = ctx
         fh = e.finish_heap
-        while fh and fh[0][0] <= k:
-            o = heappop(fh)[1]
-            f = dec.pop(o, None)
-            if f is None:
-                continue  # preempted since
-            e.ctx -= f.tok0 + 2 + k - f.step0
-            self.segments[f.index].append((e, f.seg_first, k))
-            f.order = 0
-            self.on_finished(t, e, f)
+        if fh and fh[0][0] <= k:
+            while fh and fh[0][0] <= k:
+                o = heappop(fh)[1]
+                f = dec.pop(o, None)
+                if f is None:
+                    continue  # preempted since
+                e.ctx -= f.tok0 + 2 + k - f.step0
+                self.segments[f.index].append((e, f.seg_first, k))
+                f.order = 0
+                self.on_finished(t, e, f)
+            n = len(dec)
+            ctx = e.ctx
         chunks = e.chunks
         if chunks:
             done = [s for s, c in chunks if self._advance(s, c)]
             chunks.clear()
             for s in done:
                 self.prefill_complete(t, e, s, k)
-        elif not e.waiting and not e.prefilling:
+        elif n and not e.waiting and not e.prefilling:
             # the hot path: decodes only, and their blocks surely fit (see ``form``)
-            n = len(dec)
-            if n:
-                ctx = e.ctx
-                if (ctx + n * (e.block - 1)) // e.block <= e.kv_blocks:
-                    q = self.queue
-                    q.seq += 1
-                    heappush(q.heap, (t + self.step_s(n, ctx), q.seq, ev))
-                    return
+            block = e.block
+            if (ctx + n * (block - 1)) // block <= e.kv_blocks:
+                q = self.queue
+                q.seq += 1
+                heappush(q.heap, (t + self.step_s(n, ctx), q.seq, ev))
+                return
         self.form(t, e)
 
     @staticmethod
