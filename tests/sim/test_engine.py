@@ -80,6 +80,28 @@ def test_the_newest_request_is_preempted_and_its_tbt_shows_the_gap() -> None:
     assert r0.tbt_s == pytest.approx(0.01)
 
 
+def test_a_partial_prefill_that_runs_out_of_blocks_preempts_the_newest() -> None:
+    """8 blocks of 16 tokens, 64-token steps, at most 32 tokens per prefill per step. A and B
+    (100 tokens each) arrive together; A runs step 1 alone, both run step 2 (6 blocks). In
+    step 3 A takes its 6th block and B, the newest, finds none: B preempts itself (its 32
+    tokens are lost) and nothing is admitted in that step. B fits again once A is done."""
+    small = EngineConfig(
+        max_num_batched_tokens=64, long_prefill_token_threshold=32, kv_capacity_tokens=128
+    )
+    reqs = [_req(0, 0.0, 100, 1), _req(1, 0.0, 100, 1)]
+    cfg = SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST, engine=small)
+    res = simulate(reqs, cfg)
+    a, b = res.records
+    assert (a.preemptions, b.preemptions) == (0, 1)
+    chunk = 1e-5  # per token beyond the first
+    a_end = P(32, 0) + (F + 2 * 31 * chunk) + P(96, 64) + P(100, 96)
+    assert a.prefill_end_s == pytest.approx(a_end)
+    alone = P(32, 0) + P(64, 32) + P(96, 64) + P(100, 96)
+    assert b.prefill_end_s == pytest.approx(a_end + alone)
+    # B's lost chunk (its share of step 2: its own tokens and half the pass) counts as spent
+    assert b.prefill_compute_s == pytest.approx(31 * chunk + F / 2 + alone)
+
+
 def test_kv_transfers_into_one_decode_engine_share_its_nic() -> None:
     """Two equal prompts prefill at once on two engines; each KV hand-off takes 2 s on a slow
     NIC. The first streams during its prefill and ends 2 s after that prefill began; the

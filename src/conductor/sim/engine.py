@@ -12,8 +12,8 @@ Every step (one iteration of the engine) is formed when the previous one ends:
    ``long_threshold`` (0 = no cap) tokens of what is left of the step's token budget
    (``budget`` = vLLM's ``max_num_batched_tokens``), preempting like decodes when their
    chunk's blocks do not fit.
-3. **Waiting requests**, FCFS, admitted while the budget, ``max_seqs`` and free blocks
-   allow (a request whose blocks do not fit stops admission unless the engine is empty;
+3. **Waiting requests** (none in a step that preempted, as in vLLM), FCFS, admitted while
+   the budget, ``max_seqs`` and free blocks allow (a request whose blocks do not fit stops admission unless the engine is empty;
    one waiting for remote prefix blocks is skipped). A request whose KV arrived from a
    prefill engine joins decoding directly (its prompt's blocks and one token of budget).
 
@@ -68,6 +68,7 @@ class EngineLoop:
         self.push = events.push
         self.queue = events
         self.order = 0
+        self.preempted = False
         self.segments: dict[int, list[Segment]] = {}
         self.steps: dict[InstanceId, EngineStep] = {}
         self.on_start: Hook = _noop
@@ -89,6 +90,7 @@ class EngineLoop:
 
     # -- forming a step ------------------------------------------------------------------
     def form(self, t: float, e: Engine) -> None:
+        self.preempted = False
         k = len(e.step_ends)
         n = len(e.decoding)
         if n and e.pre_blocks + (e.ctx + n * (e.block - 1)) // e.block > e.kv_blocks:
@@ -99,7 +101,7 @@ class EngineLoop:
         if e.prefilling:
             budget = self.schedule_prefills(e, k, budget, chunks)
             n = len(e.decoding)
-        if e.waiting and budget > 0:
+        if e.waiting and budget > 0 and not self.preempted:  # vLLM: none after a preemption
             self.admit(t, e, k, budget, chunks)
             if e.exclusive is not None:
                 e.stepping = True
@@ -159,6 +161,7 @@ class EngineLoop:
         """Recompute preemption of ``s`` before step ``k``; returns the decode blocks freed."""
         self.records[s.index].preemptions += 1
         e.preemptions += 1
+        self.preempted = True
         freed = 0
         if e.decoding.get(s.order) is s:
             del e.decoding[s.order]
@@ -185,11 +188,11 @@ class EngineLoop:
     ) -> int:
         bs = e.block
         thr = e.long_threshold
-        for s in list(e.prefilling):
-            if budget <= 0:
-                break
-            if s.order == 0:
-                continue  # preempted for an older request in this loop
+        running = e.prefilling
+        i = 0
+        while i < len(running) and budget > 0:
+            s = running[i]
+            i += 1
             c = s.target - s.computed
             if thr and c > thr:
                 c = thr
@@ -197,6 +200,7 @@ class EngineLoop:
                 c = budget
             need = -(-(s.computed + c) // bs) - s.blocks
             if need > 0 and need > self.free_bound(e) and not self.make_room(e, k, need, s):
+                i -= 1  # it preempted itself: the next one moved into its place
                 continue
             s.blocks += need
             e.pre_blocks += need
@@ -299,7 +303,11 @@ class EngineLoop:
             ctx = e.ctx
         chunks = e.chunks
         if chunks:
-            done = [s for s, c in chunks if self._advance(s, c)]
+            done = []
+            for s, c in chunks:
+                s.computed += c
+                if s.computed >= s.target:
+                    done.append(s)
             chunks.clear()
             for s in done:
                 self.prefill_complete(t, e, s, k)
@@ -312,11 +320,6 @@ class EngineLoop:
                 heappush(q.heap, (t + self.step_s(n, ctx), q.seq, ev))
                 return
         self.form(t, e)
-
-    @staticmethod
-    def _advance(s: Seq, c: int) -> bool:
-        s.computed += c
-        return s.computed >= s.target
 
     def prefill_complete(self, t: float, e: Engine, s: Seq, k: int) -> None:
         e.prefilling.remove(s)
