@@ -14,8 +14,9 @@ Every step (one iteration of the engine) is formed when the previous one ends:
    chunk's blocks do not fit.
 3. **Waiting requests** (none in a step that preempted, as in vLLM), FCFS, admitted while
    the budget, ``max_seqs`` and free blocks allow (a request whose blocks do not fit stops
-   admission unless the engine is empty; one waiting for remote prefix blocks is skipped). A request whose KV arrived from a
-   prefill engine joins decoding directly (its prompt's blocks and one token of budget).
+   admission unless the engine is empty; one waiting for remote prefix blocks is skipped).
+   A request whose KV arrived from a prefill engine joins decoding directly (its prompt's
+   blocks and one token of budget).
 
 **Step time** (from the engines' cost model, ``SimConfig.timing``): with ``P(N, e)`` the
 prefill model's time for ``N`` prompt tokens of which ``e`` are already computed, and
