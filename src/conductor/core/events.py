@@ -60,11 +60,14 @@ class PrefillFinished:
 
 @dataclass(frozen=True, slots=True)
 class RequestFinished:
-    """``request_id`` left its decode instance (completed, aborted or failed)."""
+    """``request_id`` left its decode instance (completed, aborted or failed) after
+    generating ``output_tokens`` (None: not known); the output-length predictor learns from
+    it."""
 
     request_id: RequestId
     instance: InstanceId
     now_s: float
+    output_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,7 +61,9 @@ class DecodeSide:
         if rec.output_tokens <= 1:
             rec.finish_s = t
             rec.tbt_s = 0.0
-            self.scheduler.on_event(RequestFinished(self.requests[i].request_id, node.iid, t))
+            self.scheduler.on_event(
+                RequestFinished(self.requests[i].request_id, node.iid, t, rec.output_tokens)
+            )
             return
         node.waiting.append(i)
         if not node.stepping:
@@ -105,7 +107,9 @@ class DecodeSide:
             node.batch -= 1
             node.kv_used -= rec.prompt_tokens + rec.output_tokens
             node.context_tokens -= rec.prompt_tokens + rec.output_tokens
-            self.scheduler.on_event(RequestFinished(self.requests[i].request_id, node.iid, t))
+            self.scheduler.on_event(
+                RequestFinished(self.requests[i].request_id, node.iid, t, rec.output_tokens)
+            )
         self.start_step(t, node, step)
 
     def finish_tbt(self) -> None:
