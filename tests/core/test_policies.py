@@ -179,7 +179,11 @@ def test_decode_prefers_the_prefill_rack_when_it_meets_the_slo() -> None:
 
     from .helpers import LINEAR_COST
 
-    c = Scheduler(LINEAR_COST, policy="round_robin", config=SchedulerConfig(block_size_tokens=4, output_prior_tokens=10))
+    c = Scheduler(
+        LINEAR_COST,
+        policy="round_robin",
+        config=SchedulerConfig(block_size_tokens=4, output_prior_tokens=10),
+    )
     c.add_instance(InstanceSpec(iid("p0"), Role.PREFILL, rack="A"))
     c.add_instance(InstanceSpec(iid("dB"), Role.DECODE, rack="B"))
     c.add_instance(InstanceSpec(iid("dA"), Role.DECODE, rack="A"))

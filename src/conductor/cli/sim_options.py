@@ -178,7 +178,7 @@ class Row:
             parts = [str(own.get("admission", DEFAULTS.scheduler.admission))]
             if own.get("cpp_enabled", DEFAULTS.scheduler.cpp_enabled):
                 parts.append("cpp")
-            return f"{self.policy} [own bundle: {'+'.join(parts)}]"
+            return f"{self.policy} (own bundle: {'+'.join(parts)})"
         return f"{self.policy} ({self.admission}{', cpp' if self.cpp else ''})"
 
 

@@ -46,7 +46,7 @@ def row_label(s: dict[str, Any]) -> str:
     """``policy (admission, cpp)``; a policy's own bundle is labelled as such."""
     name = str(s["policy"])
     if s.get("bundle"):
-        return f"{name} [own bundle: {s['admission']}{'+cpp' if s.get('cpp') else ''}]"
+        return f"{name} (own bundle: {s['admission']}{'+cpp' if s.get('cpp') else ''})"
     parts = [str(s["admission"])] if s["admission"] != "off" else []
     if s.get("cpp"):
         parts.append("cpp")
