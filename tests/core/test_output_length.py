@@ -80,7 +80,7 @@ def test_scheduler_learns_from_request_finished() -> None:
 
 
 def test_bad_predictor_settings_are_named() -> None:
-    with pytest.raises(InvalidInput, match="output_high_quantile=1.5"):
+    with pytest.raises(InvalidInput, match=r"output_high_quantile=1\.5"):
         SchedulerConfig(output_high_quantile=1.5)
     with pytest.raises(InvalidInput, match="context_tokens=1"):
         SchedulerConfig(context_tokens=1)
