@@ -9,8 +9,9 @@ $C compare --speed 2 --json $R/compare_2x.json --markdown $R/compare_2x.md --plo
 $C compare --speed 2 --admission early --json $R/compare_2x_early.json --markdown $R/compare_2x_early.md
 $C compare --policies mooncake --unbounded-cache --json $R/cache_unbounded.json --markdown $R/cache_unbounded.md
 $C trace stats > $R/trace_stats.txt
-$C compare --speed 2 --policies mooncake --admissions off,baseline,early,predictive --json $R/admission_8p8d.json --markdown $R/admission_8p8d.md
-$C compare --speed 2 --decode 3 --policies mooncake --admissions off,baseline,early,predictive --json $R/admission_8p3d.json --markdown $R/admission_8p3d.md
+$C compare --speed 2 --policies mooncake --admissions off,baseline,early,reserve,predictive --json $R/admission_8p8d.json --markdown $R/admission_8p8d.md
+$C compare --speed 2 --decode 3 --policies mooncake --admissions off,baseline,early,reserve,predictive --json $R/admission_8p3d.json --markdown $R/admission_8p3d.md
+$C compare --speed 2 --decode 3 --policies mooncake --admissions early,reserve,predictive --oracle-lengths --no-bundle --json $R/admission_8p3d_oracle.json --markdown $R/admission_8p3d_oracle.md
 $C simulate --speed 2 --decode 3 --policy mooncake --admission baseline --load-plot $R/load_8p3d_baseline.png --json $R/load_8p3d_baseline.json
 $C simulate --speed 2 --decode 3 --policy mooncake --admission early --load-plot $R/load_8p3d_early.png --json $R/load_8p3d_early.json
 $C simulate --policy conductor --no-cpp --json $R/cpp_off.json

@@ -175,7 +175,8 @@ def test_admin_token_from_environment(model_dir: Path) -> None:
         ),
         (
             ["--engine", ENGINE, "--admission", "maybe"],
-            "invalid --admission='maybe': must be one of: off, baseline, early, predictive",
+            "invalid --admission='maybe': must be one of: off, baseline, early, reserve,"
+            " predictive",
         ),
         (
             ["--engine", ENGINE, "--admin-token", "short"],

@@ -350,6 +350,7 @@ def _build(
         # not contain it whatever the policy's defaults say.
         cpp_enabled=False,
         seed=v.int_("seed"),
+        context_tokens=max_model_len,  # a request without max_tokens may use the rest
     )
     gateway = GatewayConfig(
         model_name=options.model_name or model_path.resolve().name,

@@ -18,6 +18,7 @@ from conductor.cli.sim_options import (
     AdmissionOpt,
     BatchTokensOpt,
     BothOpt,
+    BundleOpt,
     CacheOpt,
     ClusterOptions,
     CppOpt,
@@ -27,6 +28,8 @@ from conductor.cli.sim_options import (
     KvBlockOpt,
     LimitOpt,
     LongPrefillOpt,
+    MaxTokensOpt,
+    OracleOpt,
     PrefillOpt,
     PresetOpt,
     ReplOpt,
@@ -39,7 +42,9 @@ from conductor.cli.sim_options import (
     TtftOpt,
     UnboundedOpt,
     build_config,
+    footing,
     load_requests,
+    parse_max_tokens,
 )
 from conductor.core.costmodel import DEFAULT_PRESET
 from conductor.core.errors import InvalidInput
@@ -91,9 +96,9 @@ def progress_bar(label: str, enabled: bool) -> Iterator[Progress | None]:
         yield update
 
 
-def _run(requests: list[Request], cfg: SimConfig) -> SimResult:
+def _run(requests: list[Request], outputs: list[int], cfg: SimConfig) -> SimResult:
     with progress_bar(f"simulating {cfg.policy}", sys.stderr.isatty()) as cb:
-        return simulate(requests, cfg, progress=cb)
+        return simulate(requests, cfg, outputs=outputs, progress=cb)
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
@@ -133,6 +138,8 @@ def register(app: typer.Typer) -> None:
         max_num_seqs: SeqsOpt = DEFAULTS.engine.max_num_seqs,
         kv_block_tokens: KvBlockOpt = DEFAULTS.engine.block_size_tokens,
         long_prefill_tokens: LongPrefillOpt = DEFAULTS.engine.long_prefill_token_threshold,
+        max_tokens: MaxTokensOpt = "none",
+        oracle_lengths: OracleOpt = DEFAULTS.oracle_lengths,
         load_plot: Annotated[
             Path | None,
             typer.Option("--load-plot", help="PNG of prefill/decode load and replicas over time"),
@@ -141,14 +148,18 @@ def register(app: typer.Typer) -> None:
         """Replay a trace through a simulated P/D cluster with one policy."""
         name = policy or DEFAULTS.policy
         _check_policies([name], "--policy")
-        requests = load_requests(trace, limit, speed, skip_invalid)
+        mt = parse_max_tokens(max_tokens)
+        requests, outputs = load_requests(trace, limit, speed, skip_invalid, mt)
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
-            replication, cache_tokens, unbounded_cache, kv_event_delay_s, both,
-            max_num_batched_tokens, max_num_seqs, kv_block_tokens, long_prefill_tokens,
+            replication, cache_tokens, unbounded_cache, kv_event_delay_s,
+            oracle_lengths=oracle_lengths, both=both,
+            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+            kv_block_tokens=kv_block_tokens, long_prefill_tokens=long_prefill_tokens,
         )  # fmt: skip
         cfg = build_config(options, name, load_plot=load_plot is not None)
-        res = _run(requests, cfg)
+        res = _run(requests, outputs, cfg)
+        res.summary["max_tokens"] = str(mt)
         print_table([res.summary])
         _print_extras(res.summary)
         if json_path is not None:
@@ -176,7 +187,14 @@ def register(app: typer.Typer) -> None:
         markdown: Annotated[
             Path | None, typer.Option("--markdown", help="write the table as Markdown here")
         ] = None,
-        admission: AdmissionOpt = None,
+        admission: Annotated[
+            str | None,
+            typer.Option(
+                "--admission",
+                help="off|baseline|early|reserve|predictive, the same for every policy"
+                " (default: early)",
+            ),
+        ] = None,
         admissions: Annotated[
             str | None,
             typer.Option("--admissions", help="run each policy under each of these modes"),
@@ -192,8 +210,13 @@ def register(app: typer.Typer) -> None:
         max_num_seqs: SeqsOpt = DEFAULTS.engine.max_num_seqs,
         kv_block_tokens: KvBlockOpt = DEFAULTS.engine.block_size_tokens,
         long_prefill_tokens: LongPrefillOpt = DEFAULTS.engine.long_prefill_token_threshold,
+        max_tokens: MaxTokensOpt = "none",
+        oracle_lengths: OracleOpt = DEFAULTS.oracle_lengths,
+        bundle: BundleOpt = True,
     ) -> None:
-        """Run several policies on identical input and print one table."""
+        """Run several policies on identical input, all under one admission mode and one
+        CPP setting, and print one table (plus a row per policy that brings its own
+        bundle, labelled)."""
         names = (
             [p.strip() for p in policies.split(",") if p.strip()]
             if policies
@@ -202,19 +225,26 @@ def register(app: typer.Typer) -> None:
         if not names:
             raise typer.BadParameter("no policy given", param_hint="--policies")
         _check_policies(names, "--policies")
-        requests = load_requests(trace, limit, speed, skip_invalid)
+        mt = parse_max_tokens(max_tokens)
+        requests, outputs = load_requests(trace, limit, speed, skip_invalid, mt)
         modes: list[str | None] = (
             [m.strip() for m in admissions.split(",") if m.strip()] if admissions else [admission]
         )
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
-            replication, cache_tokens, unbounded_cache, kv_event_delay_s, both,
-            max_num_batched_tokens, max_num_seqs, kv_block_tokens, long_prefill_tokens,
+            replication, cache_tokens, unbounded_cache, kv_event_delay_s,
+            oracle_lengths=oracle_lengths, both=both,
+            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+            kv_block_tokens=kv_block_tokens, long_prefill_tokens=long_prefill_tokens,
         )  # fmt: skip
         results: list[SimResult] = []
-        for name, mode in [(n, m) for n in names for m in modes]:
-            cfg = build_config(replace(options, admission=mode), name, policy_flag="--policies")
-            results.append(_run(requests, cfg))
+        for row in footing(names, modes, cpp, bundle=bundle):
+            o = replace(options, admission=row.admission, cpp=row.cpp)
+            cfg = build_config(o, row.policy, policy_flag="--policies")
+            res = _run(requests, outputs, cfg)
+            res.summary["max_tokens"] = str(mt)
+            res.summary["bundle"] = row.bundle
+            results.append(res)
         summaries = [r.summary for r in results]
         print_table(summaries)
         if json_path is not None:
@@ -242,7 +272,14 @@ def register(app: typer.Typer) -> None:
         limit: LimitOpt = None,
         seed: SeedOpt = DEFAULTS.seed,
         json_path: JsonOpt = None,
-        admission: AdmissionOpt = None,
+        admission: Annotated[
+            str | None,
+            typer.Option(
+                "--admission",
+                help="off|baseline|early|reserve|predictive, the same for every policy"
+                " (default: early)",
+            ),
+        ] = None,
         cpp: CppOpt = None,
         skip_invalid: SkipOpt = False,
         bisect_steps: Annotated[int, typer.Option("--bisect-steps")] = 4,
@@ -251,8 +288,12 @@ def register(app: typer.Typer) -> None:
         max_num_seqs: SeqsOpt = DEFAULTS.engine.max_num_seqs,
         kv_block_tokens: KvBlockOpt = DEFAULTS.engine.block_size_tokens,
         long_prefill_tokens: LongPrefillOpt = DEFAULTS.engine.long_prefill_token_threshold,
+        max_tokens: MaxTokensOpt = "none",
+        oracle_lengths: OracleOpt = DEFAULTS.oracle_lengths,
+        bundle: BundleOpt = True,
     ) -> None:
-        """Largest replay speed per policy whose SLO attainment stays >= target."""
+        """Largest replay speed per policy whose SLO attainment stays >= target, every
+        policy under one admission mode and one CPP setting (plus bundle rows)."""
         names = (
             [p.strip() for p in policies.split(",") if p.strip()]
             if policies
@@ -269,25 +310,35 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"must be > 0: {tbt_slos_ms!r}", param_hint="--tbt-slos-ms")
         if not 0 < target <= 1:
             raise typer.BadParameter(f"must be in (0, 1], got {target}", param_hint="--target")
-        requests = load_requests(trace, limit, 1.0, skip_invalid)
+        mt = parse_max_tokens(max_tokens)
+        requests, outputs = load_requests(trace, limit, 1.0, skip_invalid, mt)
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, thresholds[0], seed, admission, cpp,
-            both=both, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+            oracle_lengths=oracle_lengths, both=both,
+            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
             kv_block_tokens=kv_block_tokens, long_prefill_tokens=long_prefill_tokens,
         )  # fmt: skip
         out: list[dict[str, Any]] = []
-        for name in names:
-            row: dict[str, Any] = {"policy": name}
+        for line in footing(names, [admission], cpp, bundle=bundle):
+            name = line.policy
+            o = replace(options, admission=line.admission, cpp=line.cpp)
+            row: dict[str, Any] = {"policy": name, "label": line.label}
+            row.update(admission=line.admission, cpp=line.cpp, bundle=line.bundle)
+            row["max_tokens"] = str(mt)
             for tbt in thresholds:
-                cfg = build_config(replace(options, tbt_slo_ms=tbt), name, policy_flag="--policies")
-                point = find_capacity(requests, cfg, target=target, bisect_steps=bisect_steps)
+                cfg = build_config(replace(o, tbt_slo_ms=tbt), name, policy_flag="--policies")
+                row["admission"] = cfg.scheduler.admission
+                row["cpp"] = cfg.scheduler.cpp_enabled
+                point = find_capacity(
+                    requests, cfg, outputs=outputs, target=target, bisect_steps=bisect_steps
+                )
                 row[f"tbt_{tbt:g}ms"] = {
                     "speed": round(point.speed, 4),
                     "rps": round(point.speed * len(requests) / _span(requests), 4),
                     "attainment": point.attainment,
                     "tested": [[s, a] for s, a in point.tested],
                 }
-                typer.echo(f"{name:>18s} TBT {tbt:g} ms: capacity x{point.speed:.3f}", err=True)
+                typer.echo(f"{line.label} TBT {tbt:g} ms: capacity x{point.speed:.3f}", err=True)
             out.append(row)
         _print_capacity(out, thresholds)
         if json_path is not None:
@@ -321,7 +372,7 @@ def _print_capacity(rows: list[dict[str, Any]], thresholds: list[float]) -> None
         for t in thresholds:
             c = row[f"tbt_{t:g}ms"]
             cells.append(f"x{c['speed']:.3f} ({c['rps']:.2f})")
-        table.add_row(row["policy"], *cells)
+        table.add_row(row["label"], *cells)
     Console(width=200).print(table)
 
 

@@ -21,7 +21,13 @@ from conductor.core.errors import ConductorError, InvalidInput
 from conductor.core.policies import check_policy, policy_config_defaults
 from conductor.core.types import Request
 from conductor.sim.config import EngineConfig, SimConfig
-from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
+from conductor.workload.max_tokens import NO_MAX_TOKENS, MaxTokens
+from conductor.workload.trace import (
+    bundled_trace_path,
+    generated_tokens,
+    read_trace,
+    records_to_requests,
+)
 
 DEFAULTS = SimConfig()
 """The defaults of every option that sets a :class:`SimConfig` field."""
@@ -30,6 +36,8 @@ LOAD_SAMPLE_EVERY_S = 10.0
 """How often ``simulate --load-plot`` samples the load."""
 REPLICA_SAMPLE_EVERY_S = 30.0
 """How often ``simulate --load-plot`` samples the replicas of popular blocks."""
+COMPARE_ADMISSION = "early"
+"""The admission mode ``compare`` and ``capacity`` run every policy under by default."""
 
 FLAGS = {
     "policy": "--policy",
@@ -47,6 +55,7 @@ FLAGS = {
     "max_num_seqs": "--max-num-seqs",
     "block_size_tokens": "--kv-block-tokens",  # the engines' (the scheduler's is no flag)
     "long_prefill_token_threshold": "--long-prefill-tokens",
+    "max_tokens": "--max-tokens",
 }
 """Config field -> the option that sets it."""
 
@@ -68,7 +77,7 @@ AdmissionOpt = Annotated[
     str | None,
     typer.Option(
         "--admission",
-        help="off|baseline|early|predictive (default: the policy's own; off for baselines)",
+        help="off|baseline|early|reserve|predictive (default: the policy's own; off for baselines)",
     ),
 ]
 ReplOpt = Annotated[
@@ -105,6 +114,28 @@ LongPrefillOpt = Annotated[
     int,
     typer.Option("--long-prefill-tokens", help="most tokens one prefill takes per step (0: all)"),
 ]
+MaxTokensOpt = Annotated[
+    str,
+    typer.Option(
+        "--max-tokens",
+        help="what requests send as max_tokens: none (cap = model context), trace (the true"
+        " length), cap:N (N; the engine generates min(trace, N))",
+    ),
+]
+OracleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--oracle-lengths",
+        help="ablation: hand the scheduler every request's true output length",
+    ),
+]
+BundleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--bundle/--no-bundle",
+        help="add one labelled row per policy that brings its own admission/CPP bundle",
+    ),
+]
 DelayOpt = Annotated[
     float, typer.Option("--kv-event-delay-s", help="delay of KV events to the scheduler")
 ]
@@ -115,9 +146,23 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+def parse_max_tokens(text: str) -> MaxTokens:
+    """``--max-tokens``'s value, or exit with an error naming the flag and the value."""
+    try:
+        return MaxTokens.parse(text)
+    except InvalidInput as exc:
+        raise config_error(exc, FLAGS) from None
+
+
 def load_requests(
-    trace: Path | None, limit: int | None, speed: float, skip_invalid: bool
-) -> list[Request]:
+    trace: Path | None,
+    limit: int | None,
+    speed: float,
+    skip_invalid: bool,
+    max_tokens: MaxTokens = NO_MAX_TOKENS,
+) -> tuple[list[Request], list[int]]:
+    """The trace's requests (with ``max_tokens`` as ``--max-tokens`` says) and the number
+    of tokens each will really generate (the simulator's ground truth)."""
     if speed <= 0:
         raise typer.BadParameter(f"must be > 0, got {speed}", param_hint="--speed")
     if limit is not None and limit <= 0:
@@ -131,9 +176,54 @@ def load_requests(
             typer.echo(f"skipped {len(result.skipped)} invalid line(s)", err=True)
         if not result.records:
             raise fail(f"trace {path} has no valid requests")
-        return records_to_requests(result.records, speed=speed)
+        requests = records_to_requests(result.records, speed=speed, max_tokens=max_tokens)
+        return requests, generated_tokens(result.records, max_tokens)
     except ConductorError as exc:
         raise fail(f"{path}: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One row of ``compare`` / ``capacity``: a policy under an admission mode and a CPP
+    setting (None: the policy's own bundle, ``bundle`` True)."""
+
+    policy: str
+    admission: str | None
+    cpp: bool | None
+    bundle: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.bundle:
+            own = policy_config_defaults(self.policy)
+            parts = [str(own.get("admission", DEFAULTS.scheduler.admission))]
+            if own.get("cpp_enabled", DEFAULTS.scheduler.cpp_enabled):
+                parts.append("cpp")
+            return f"{self.policy} (own bundle: {'+'.join(parts)})"
+        return f"{self.policy} ({self.admission}{', cpp' if self.cpp else ''})"
+
+
+def footing(
+    names: list[str], modes: list[str | None], cpp: bool | None, *, bundle: bool
+) -> list[Row]:
+    """Equal footing: every policy under each of ``modes`` (None: :data:`COMPARE_ADMISSION`)
+    and one CPP setting (None: the config's default, off); with ``bundle``, one extra row
+    per policy whose own defaults (``config_defaults``, e.g. ``conductor``'s early + CPP)
+    differ from every row it already has."""
+    same_cpp = DEFAULTS.scheduler.cpp_enabled if cpp is None else cpp
+    rows = [Row(n, m or COMPARE_ADMISSION, same_cpp) for n in names for m in modes]
+    if bundle:
+        for n in names:
+            own = policy_config_defaults(n)
+            if not own:
+                continue
+            mine = (
+                str(own.get("admission", DEFAULTS.scheduler.admission)),
+                bool(own.get("cpp_enabled", DEFAULTS.scheduler.cpp_enabled)),
+            )
+            if all((r.admission, r.cpp) != mine for r in rows if r.policy == n):
+                rows.append(Row(n, None, None, bundle=True))
+    return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +248,7 @@ class ClusterOptions:
     max_num_seqs: int | None = DEFAULTS.engine.max_num_seqs
     kv_block_tokens: int = DEFAULTS.engine.block_size_tokens
     long_prefill_tokens: int = DEFAULTS.engine.long_prefill_token_threshold
+    oracle_lengths: bool = DEFAULTS.oracle_lengths
 
 
 def build_config(
@@ -204,6 +295,7 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         else (o.cache_tokens or DEFAULTS.cache_capacity_tokens),
         kv_event_delay_s=o.kv_event_delay_s,
         seed=o.seed,
+        oracle_lengths=o.oracle_lengths,
         load_sample_every_s=LOAD_SAMPLE_EVERY_S if load_plot else 0.0,
         replica_sample_every_s=REPLICA_SAMPLE_EVERY_S if load_plot else 0.0,
     )

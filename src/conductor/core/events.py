@@ -61,7 +61,8 @@ class PrefillFinished:
 @dataclass(frozen=True, slots=True)
 class RequestFinished:
     """``request_id`` left its decode instance (completed, aborted or failed) after
-    producing ``output_tokens`` tokens (None: not reported)."""
+    generating ``output_tokens`` (None: not known); the output-length predictor learns from
+    it."""
 
     request_id: RequestId
     instance: InstanceId

@@ -189,7 +189,7 @@ class Gateway:
     async def tokenize(self, req: ParsedRequest) -> list[int]:
         return await self.requests.tokenize(req)
 
-    def output_budget(self, req: ParsedRequest, prompt_tokens: int) -> int:
+    def output_budget(self, req: ParsedRequest, prompt_tokens: int) -> int | None:
         return self.requests.output_budget(req, prompt_tokens)
 
     async def generate(self, kind: Kind, raw_body: bytes) -> AnyResponse:

@@ -52,6 +52,8 @@ class SimConfig:
     ``kv_event_delay_s``: how late the scheduler sees KV events (stale state).
     ``prefill_noise``: relative std-dev of a seeded log-normal error between the cost model's
     prediction and the simulated execution (0 = exact).
+    ``oracle_lengths``: the ablation that hands the scheduler every request's true output
+    length (default: it predicts them, :mod:`conductor.core.output_length`).
     ``load_sample_every_s``: sample prefill/decode load this often (0 = never).
     ``replica_sample_every_s``: sample how many prefill caches hold the blocks ranked
     ``replica_ranks`` by use in the whole trace (FAST Fig. 11; 0 = never).
@@ -71,6 +73,7 @@ class SimConfig:
     kv_event_delay_s: float = 0.0
     prefill_noise: float = 0.0
     seed: int = 0
+    oracle_lengths: bool = False
     load_sample_every_s: float = 0.0
     replica_sample_every_s: float = 0.0
     replica_ranks: tuple[int, ...] = (10, 100, 1000)

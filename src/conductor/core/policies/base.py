@@ -17,6 +17,7 @@ from typing import ClassVar, Protocol
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel
 from conductor.core.nic import NicBook
+from conductor.core.output_length import UNKNOWN_OUTPUT, OutputEstimate
 from conductor.core.prefix_index import PrefixMatch
 from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId, Request
@@ -67,7 +68,11 @@ class SchedulingContext:
     config: SchedulerConfig
     rng: random.Random
     round_robin_counter: int
+    output: OutputEstimate = UNKNOWN_OUTPUT
+    """The request's predicted output (:mod:`conductor.core.output_length`), never its
+    true length."""
     nic: NicBook | None = None
+    """Booked NIC transfers (:mod:`conductor.core.nic`): a fetch's wait is priced in."""
     _prefill_memo: dict[int, float] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
