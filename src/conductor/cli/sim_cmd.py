@@ -18,6 +18,9 @@ from conductor.cli.sim_options import (
     AdmissionOpt,
     CacheOpt,
     ClusterOptions,
+    CorrectionOpt,
+    CostBiasOpt,
+    CostErrorOpt,
     CppOpt,
     DecodeOpt,
     DelayOpt,
@@ -123,6 +126,9 @@ def register(app: typer.Typer) -> None:
         cache_tokens: CacheOpt = None,
         unbounded_cache: UnboundedOpt = False,
         kv_event_delay_s: DelayOpt = DEFAULTS.kv_event_delay_s,
+        cost_error: CostErrorOpt = DEFAULTS.cost_error,
+        cost_bias: CostBiasOpt = DEFAULTS.cost_bias,
+        correction: CorrectionOpt = DEFAULTS.scheduler.cost_correction,
         load_plot: Annotated[
             Path | None,
             typer.Option("--load-plot", help="PNG of prefill/decode load and replicas over time"),
@@ -135,6 +141,7 @@ def register(app: typer.Typer) -> None:
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
             replication, cache_tokens, unbounded_cache, kv_event_delay_s,
+            cost_error=cost_error, cost_bias=cost_bias, correction=correction,
         )  # fmt: skip
         cfg = build_config(options, name, load_plot=load_plot is not None)
         res = _run(requests, cfg)
@@ -176,6 +183,9 @@ def register(app: typer.Typer) -> None:
         cache_tokens: CacheOpt = None,
         unbounded_cache: UnboundedOpt = False,
         kv_event_delay_s: DelayOpt = DEFAULTS.kv_event_delay_s,
+        cost_error: CostErrorOpt = DEFAULTS.cost_error,
+        cost_bias: CostBiasOpt = DEFAULTS.cost_bias,
+        correction: CorrectionOpt = DEFAULTS.scheduler.cost_correction,
     ) -> None:
         """Run several policies on identical input and print one table."""
         names = (
@@ -193,6 +203,7 @@ def register(app: typer.Typer) -> None:
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
             replication, cache_tokens, unbounded_cache, kv_event_delay_s,
+            cost_error=cost_error, cost_bias=cost_bias, correction=correction,
         )  # fmt: skip
         results: list[SimResult] = []
         for name, mode in [(n, m) for n in names for m in modes]:
@@ -229,6 +240,9 @@ def register(app: typer.Typer) -> None:
         cpp: CppOpt = None,
         skip_invalid: SkipOpt = False,
         bisect_steps: Annotated[int, typer.Option("--bisect-steps")] = 4,
+        cost_error: CostErrorOpt = DEFAULTS.cost_error,
+        cost_bias: CostBiasOpt = DEFAULTS.cost_bias,
+        correction: CorrectionOpt = DEFAULTS.scheduler.cost_correction,
     ) -> None:
         """Largest replay speed per policy whose SLO attainment stays >= target."""
         names = (
@@ -249,8 +263,9 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"must be in (0, 1], got {target}", param_hint="--target")
         requests = load_requests(trace, limit, 1.0, skip_invalid)
         options = ClusterOptions(
-            prefill, decode, preset_name, ttft_slo_s, thresholds[0], seed, admission, cpp
-        )
+            prefill, decode, preset_name, ttft_slo_s, thresholds[0], seed, admission, cpp,
+            cost_error=cost_error, cost_bias=cost_bias, correction=correction,
+        )  # fmt: skip
         out: list[dict[str, Any]] = []
         for name in names:
             row: dict[str, Any] = {"policy": name}

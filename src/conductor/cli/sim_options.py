@@ -42,6 +42,8 @@ FLAGS = {
     "admission": "--admission",
     "cache_capacity_tokens": "--cache-tokens",
     "kv_event_delay_s": "--kv-event-delay-s",
+    "cost_error": "--cost-error",
+    "cost_bias": "--cost-bias",
 }
 """Config field -> the option that sets it."""
 
@@ -88,6 +90,24 @@ DelayOpt = Annotated[
     float, typer.Option("--kv-event-delay-s", help="delay of KV events to the scheduler")
 ]
 
+CostErrorOpt = Annotated[
+    float,
+    typer.Option(
+        "--cost-error",
+        help="engines' per-job lognormal deviation from the cost model (sigma, mean-preserving)",
+    ),
+]
+CostBiasOpt = Annotated[
+    float,
+    typer.Option("--cost-bias", help="engines (1 + B)x the cost model (0.3 = 30%% slower)"),
+]
+CorrectionOpt = Annotated[
+    bool,
+    typer.Option(
+        "--correction/--no-correction", help="correct the cost model online from engine timings"
+    ),
+]
+
 
 def fail(message: str) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
@@ -132,6 +152,9 @@ class ClusterOptions:
     cache_tokens: int | None = None
     unbounded: bool = False
     kv_event_delay_s: float = DEFAULTS.kv_event_delay_s
+    cost_error: float = DEFAULTS.cost_error
+    cost_bias: float = DEFAULTS.cost_bias
+    correction: bool = DEFAULTS.scheduler.cost_correction
 
 
 def build_config(
@@ -157,6 +180,7 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         if o.cpp is None
         else o.cpp,
         replication_enabled=o.replication,
+        cost_correction=o.correction,
         seed=o.seed,
     )
     return SimConfig(
@@ -169,6 +193,8 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         if o.unbounded
         else (o.cache_tokens or DEFAULTS.cache_capacity_tokens),
         kv_event_delay_s=o.kv_event_delay_s,
+        cost_error=o.cost_error,
+        cost_bias=o.cost_bias,
         seed=o.seed,
         load_sample_every_s=LOAD_SAMPLE_EVERY_S if load_plot else 0.0,
         replica_sample_every_s=REPLICA_SAMPLE_EVERY_S if load_plot else 0.0,

@@ -28,8 +28,9 @@ class PrefillModel(Protocol):
 
 
 class DecodeModel(Protocol):
-    def step_s(self, batch_size: int, context_tokens: int) -> float:
-        """Predicted time of one decode iteration of ``batch_size`` requests."""
+    def step_s(self, batch_size: float, context_tokens: float) -> float:
+        """Predicted time of one decode iteration of ``batch_size`` requests (fractional
+        values: the mean iteration of several)."""
         ...
 
 
@@ -117,7 +118,7 @@ class LinearDecode:
     c1: float
     c2: float
 
-    def step_s(self, batch_size: int, context_tokens: int) -> float:
+    def step_s(self, batch_size: float, context_tokens: float) -> float:
         if batch_size <= 0:
             return 0.0
         return self.c0 + self.c1 * batch_size + self.c2 * context_tokens

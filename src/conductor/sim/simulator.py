@@ -163,6 +163,9 @@ def simulate(
     summary: dict[str, object] = {
         "policy": cfg.policy,
         "admission": sched.admission,
+        "cost_error": cfg.cost_error,
+        "cost_bias": cfg.cost_bias,
+        "cost_correction": sched.cost_correction,
         **summarize(
             sim.records,
             ttft_slo_s=sched.ttft_slo_s,
