@@ -128,6 +128,9 @@ class CostCorrection:
     ) -> bool:
         """Learn from ``event``; True when it was an engine report the scheduler need not
         see (:class:`DecodeStepsObserved`, :class:`EngineLoad`)."""
+        if len(instances) != self._instances:  # one came or went: drop the gone ones' factors
+            self._instances = len(instances)
+            self._prune(instances)
         if isinstance(event, PrefillFinished):
             if self.enabled and event.duration_s is not None and event.cached_tokens is not None:
                 f = placed(event.request_id)
@@ -144,9 +147,6 @@ class CostCorrection:
             if state is not None:
                 apply_engine_load(state, event, self.cost)
             return True
-        if len(instances) != self._instances:  # one came or went: drop the gone ones' factors
-            self._instances = len(instances)
-            self._prune(instances)
         return False
 
     def prefill_factor(self, instance: InstanceId) -> float:
@@ -206,25 +206,27 @@ def _geomean(ratios: Iterable[_Ratio]) -> float:
 def apply_engine_load(state: InstanceState, load: EngineLoad, cost: CostModel) -> None:
     """Fold an engine's reported load into the scheduler's estimate of ``state``.
 
-    Prefill: the engine's ``running + waiting`` requests are what it still has to prefill.
+    Prefill: the engine's ``running + waiting`` requests (``waiting`` only, on an engine that
+    also decodes) are what it still has to prefill.
     If it reports none while the estimate still has time queued but no request (predictions
     ran long), the queue is re-anchored at ``now``; if it reports more requests than the
     scheduler placed there (traffic from elsewhere, or a stale estimate), the queue is at least
-    ``reported x`` the mean predicted prefill of those queued (of a 2,048-token prompt when
-    none are) — idempotent, so polling often does not pile it up. Decode-only instances are
+    ``reported x`` the predicted prefill of the mean queued request's new tokens (2,048 when
+    none are queued) — idempotent, so polling often does not pile it up. Decode-only instances are
     left to the scheduler's own KV and batch accounting (the gateway exports their reported
     KV use in ``/metrics``)."""
     if not state.spec.role.prefills:
         return
     p = state.prefill
     now = load.now_s
-    reported = load.running + load.waiting
+    # an engine that also decodes counts its decoding requests as running: only its waiting
+    # ones are then known to be prefill work
+    reported = load.waiting + (0 if state.spec.role.decodes else load.running)
     known = p.queued_requests
     if reported == 0 and known == 0:
         if p.busy_until_s > now:
             p.busy_until_s = now
         return
     if reported > known:
-        queued = p.queue_s(now)
-        mean = queued / known if known and queued > 0 else cost.prefill_s(2048, 0)
-        p.busy_until_s = max(p.busy_until_s, now + reported * mean)
+        tokens = p.queued_tokens // known if known and p.queued_tokens > 0 else 2048
+        p.busy_until_s = max(p.busy_until_s, now + reported * cost.prefill_s(tokens, 0))
