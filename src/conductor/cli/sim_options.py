@@ -99,7 +99,7 @@ CostErrorOpt = Annotated[
 ]
 CostBiasOpt = Annotated[
     float,
-    typer.Option("--cost-bias", help="engines (1 + B)x the cost model (0.3 = 30%% slower)"),
+    typer.Option("--cost-bias", help="engines (1 + B)x the cost model (0.3 = 30% slower)"),
 ]
 CorrectionOpt = Annotated[
     bool,

@@ -66,16 +66,19 @@ class ScaledDecode:
 
 
 class _Ratio:
-    """EWMA sums of observed and nominal seconds; ``factor`` their clamped, rounded ratio."""
+    """EWMA sums of observed and nominal seconds; ``factor`` their clamped, rounded ratio
+    (kept up to date by :meth:`update`)."""
 
-    __slots__ = ("nominal", "observed", "samples")
+    __slots__ = ("factor", "nominal", "observed", "samples")
 
     def __init__(self) -> None:
         self.observed = 0.0
         self.nominal = 0.0
         self.samples = 0
+        self.factor = 1.0
 
-    def update(self, observed_s: float, nominal_s: float, weight: float) -> None:
+    def update(self, observed_s: float, nominal_s: float, weight: float) -> bool:
+        """Fold one observation in; True when the rounded factor changed."""
         lo, hi = FACTOR_BOUNDS
         observed_s = min(max(observed_s, nominal_s * lo), nominal_s * hi)
         if self.samples == 0:
@@ -84,14 +87,11 @@ class _Ratio:
             self.observed += weight * (observed_s - self.observed)
             self.nominal += weight * (nominal_s - self.nominal)
         self.samples += 1
-
-    @property
-    def factor(self) -> float:
-        if self.samples == 0 or self.nominal <= 0:
-            return 1.0
-        lo, hi = FACTOR_BOUNDS
-        f = min(max(self.observed / self.nominal, lo), hi)
-        return round(f / FACTOR_STEP) * FACTOR_STEP
+        f = min(max(self.observed / self.nominal, lo), hi) if self.nominal > 0 else 1.0
+        f = round(f / FACTOR_STEP) * FACTOR_STEP
+        changed = f != self.factor or self.samples == 1  # a new member of the pool mean
+        self.factor = f
+        return changed
 
 
 class Placed(Protocol):
@@ -162,8 +162,9 @@ class CostCorrection:
     ) -> None:
         nominal = self.nominal.prefill_s(prompt_tokens, cached_tokens)
         if duration_s > 0 and nominal > 0:
-            self.prefill.setdefault(instance, _Ratio()).update(duration_s, nominal, self.weight)
-            self._refresh()
+            ratio = self.prefill.setdefault(instance, _Ratio())
+            if ratio.update(duration_s, nominal, self.weight):
+                self._refresh()
 
     def observe_decode(self, obs: DecodeStepsObserved) -> None:
         if obs.steps <= 0 or obs.busy_s <= 0:
@@ -171,8 +172,9 @@ class CostCorrection:
         n = obs.steps
         nominal = n * self.nominal.decode.step_s(obs.batch_sum / n, obs.context_sum / n)
         if nominal > 0:
-            self.decode.setdefault(obs.instance, _Ratio()).update(obs.busy_s, nominal, self.weight)
-            self._refresh()
+            ratio = self.decode.setdefault(obs.instance, _Ratio())
+            if ratio.update(obs.busy_s, nominal, self.weight):
+                self._refresh()
 
     def _prune(self, instances: Mapping[InstanceId, InstanceState]) -> None:
         """Drop the factors of instances that are gone (they leave the pool's mean)."""
