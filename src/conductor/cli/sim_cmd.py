@@ -19,6 +19,9 @@ from conductor.cli.sim_options import (
     BundleOpt,
     CacheOpt,
     ClusterOptions,
+    CorrectionOpt,
+    CostBiasOpt,
+    CostErrorOpt,
     CppOpt,
     DecodeOpt,
     DelayOpt,
@@ -130,6 +133,9 @@ def register(app: typer.Typer) -> None:
         kv_event_delay_s: DelayOpt = DEFAULTS.kv_event_delay_s,
         max_tokens: MaxTokensOpt = "none",
         oracle_lengths: OracleOpt = DEFAULTS.oracle_lengths,
+        cost_error: CostErrorOpt = DEFAULTS.cost_error,
+        cost_bias: CostBiasOpt = DEFAULTS.cost_bias,
+        correction: CorrectionOpt = DEFAULTS.scheduler.cost_correction,
         load_plot: Annotated[
             Path | None,
             typer.Option("--load-plot", help="PNG of prefill/decode load and replicas over time"),
@@ -143,6 +149,7 @@ def register(app: typer.Typer) -> None:
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
             replication, cache_tokens, unbounded_cache, kv_event_delay_s, oracle_lengths,
+            cost_error=cost_error, cost_bias=cost_bias, correction=correction,
         )  # fmt: skip
         cfg = build_config(options, name, load_plot=load_plot is not None)
         res = _run(requests, outputs, cfg)
@@ -195,6 +202,9 @@ def register(app: typer.Typer) -> None:
         max_tokens: MaxTokensOpt = "none",
         oracle_lengths: OracleOpt = DEFAULTS.oracle_lengths,
         bundle: BundleOpt = True,
+        cost_error: CostErrorOpt = DEFAULTS.cost_error,
+        cost_bias: CostBiasOpt = DEFAULTS.cost_bias,
+        correction: CorrectionOpt = DEFAULTS.scheduler.cost_correction,
     ) -> None:
         """Run several policies on identical input, all under one admission mode and one
         CPP setting, and print one table (plus a row per policy that brings its own
@@ -215,6 +225,7 @@ def register(app: typer.Typer) -> None:
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
             replication, cache_tokens, unbounded_cache, kv_event_delay_s, oracle_lengths,
+            cost_error=cost_error, cost_bias=cost_bias, correction=correction,
         )  # fmt: skip
         results: list[SimResult] = []
         for row in footing(names, modes, cpp, bundle=bundle):
@@ -265,6 +276,9 @@ def register(app: typer.Typer) -> None:
         max_tokens: MaxTokensOpt = "none",
         oracle_lengths: OracleOpt = DEFAULTS.oracle_lengths,
         bundle: BundleOpt = True,
+        cost_error: CostErrorOpt = DEFAULTS.cost_error,
+        cost_bias: CostBiasOpt = DEFAULTS.cost_bias,
+        correction: CorrectionOpt = DEFAULTS.scheduler.cost_correction,
     ) -> None:
         """Largest replay speed per policy whose SLO attainment stays >= target, every
         policy under one admission mode and one CPP setting (plus bundle rows)."""
@@ -289,6 +303,7 @@ def register(app: typer.Typer) -> None:
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, thresholds[0], seed, admission, cpp,
             oracle_lengths=oracle_lengths,
+            cost_error=cost_error, cost_bias=cost_bias, correction=correction,
         )  # fmt: skip
         out: list[dict[str, Any]] = []
         for line in footing(names, [admission], cpp, bundle=bundle):

@@ -190,6 +190,9 @@ def simulate(
         "admission": sched.admission,
         "cpp": sched.cpp_enabled,
         "oracle_lengths": cfg.oracle_lengths,
+        "cost_error": cfg.cost_error,
+        "cost_bias": cfg.cost_bias,
+        "cost_correction": sched.cost_correction,
         **summarize(
             sim.records,
             ttft_slo_s=sched.ttft_slo_s,
