@@ -28,3 +28,7 @@ for kind in chat agent; do
 done
 rm -f $R/synth_*.jsonl
 $C capacity --bisect-steps 3 --json $R/capacity.json > $R/capacity.txt
+# the Fig. 5 table under other prefill MFUs (the preset's fit to Splitwise's A100 profile is 0.375)
+${PYTHON:-.venv/bin/python} bench/fig5_mfu.py --out $R --mfus 0.35,0.375,0.42,0.5
+# engines off the cost model (sigma 0.3, +30%): corrected online vs not, beside two references
+${PYTHON:-.venv/bin/python} bench/cost_error.py --out $R

@@ -234,3 +234,27 @@ def test_bad_max_tokens_is_named(value: str) -> None:
         r = runner.invoke(app, [cmd, "--max-tokens", value])
         assert r.exit_code == 2, (cmd, r.output)
         assert r.stderr.startswith(f"error: invalid --max-tokens='{value}': "), r.stderr
+
+
+def test_cost_error_bias_and_correction_reach_the_simulation(tmp_path: Path) -> None:
+    trace = str(_trace(tmp_path))
+    base = ["simulate", "--trace", trace, "--prefill", "2", "--decode", "2", "--policy", "mooncake"]
+    runs = {}
+    for name, extra in {
+        "exact": [],
+        "slow": ["--cost-bias", "0.5"],
+        "slow-uncorrected": ["--cost-bias", "0.5", "--no-correction"],
+        "noisy": ["--cost-error", "0.3"],
+    }.items():
+        out = tmp_path / f"{name}.json"
+        result = runner.invoke(app, [*base, *extra, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        runs[name] = json.loads(out.read_text())
+    assert runs["slow"]["cost_bias"] == 0.5 and runs["noisy"]["cost_error"] == 0.3
+    assert runs["slow-uncorrected"]["cost_correction"] is False
+    slow, exact = runs["slow"]["prefill_compute_s"], runs["exact"]["prefill_compute_s"]
+    # 1.5x to within 1%: the engines batch and chunk prefills by timing, so a slower engine
+    # forms its steps differently (the fixed per-pass part is paid per step)
+    assert slow == pytest.approx(1.5 * exact, rel=0.01)
+    assert runs["noisy"]["prefill_compute_s"] != runs["exact"]["prefill_compute_s"]
+    assert runs["slow"]["ttft_s"]["mean"] > runs["exact"]["ttft_s"]["mean"]

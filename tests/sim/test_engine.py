@@ -150,15 +150,15 @@ def test_role_both_mixes_a_prefill_chunk_into_a_decode_step() -> None:
     assert r1.tbt_s == pytest.approx(0.01)
 
 
-def test_the_engines_time_with_engine_cost_and_the_scheduler_with_cost() -> None:
-    """``engine_cost`` runs the engines 2x slower; the scheduler still predicts with
-    ``cost``, so its predicted TTFT is half the simulated one."""
-    slow = COST.with_(prefill=PolynomialPrefill(0.04, 2e-5, 0.0, 0.0))
-    reqs = [_req(0, 0.0, 1000, 1)]
-    cfg = SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST, engine_cost=slow)
+def test_a_cost_bias_slows_the_engines_and_not_the_schedulers_model() -> None:
+    """``cost_bias=1`` runs the engines 2x slower, chunked prefill and mixed steps alike;
+    the scheduler predicts with ``cost`` (no correction), so its predicted TTFT is half."""
+    reqs = [_req(0, 0.0, 10_000, 1)]
+    cfg = SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST, cost_bias=1.0)
     (r,) = simulate(reqs, cfg).records
-    assert r.ttft_s == pytest.approx(2 * P(1000, 0))
-    assert r.predicted_ttft_s == pytest.approx(P(1000, 0))
+    steps = [P(min(e + 4096, 10_000), e) for e in range(0, 10_000, 4096)]
+    assert r.ttft_s == pytest.approx(2 * sum(steps))
+    assert r.predicted_ttft_s == pytest.approx(P(10_000, 0))
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,9 @@ from conductor.cli.sim_options import (
     BundleOpt,
     CacheOpt,
     ClusterOptions,
+    CorrectionOpt,
+    CostBiasOpt,
+    CostErrorOpt,
     CppOpt,
     DecodeOpt,
     DelayOpt,
@@ -140,6 +143,9 @@ def register(app: typer.Typer) -> None:
         long_prefill_tokens: LongPrefillOpt = DEFAULTS.engine.long_prefill_token_threshold,
         max_tokens: MaxTokensOpt = "none",
         oracle_lengths: OracleOpt = DEFAULTS.oracle_lengths,
+        cost_error: CostErrorOpt = DEFAULTS.cost_error,
+        cost_bias: CostBiasOpt = DEFAULTS.cost_bias,
+        correction: CorrectionOpt = DEFAULTS.scheduler.cost_correction,
         load_plot: Annotated[
             Path | None,
             typer.Option("--load-plot", help="PNG of prefill/decode load and replicas over time"),
@@ -156,6 +162,7 @@ def register(app: typer.Typer) -> None:
             oracle_lengths=oracle_lengths, both=both,
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
             kv_block_tokens=kv_block_tokens, long_prefill_tokens=long_prefill_tokens,
+            cost_error=cost_error, cost_bias=cost_bias, correction=correction,
         )  # fmt: skip
         cfg = build_config(options, name, load_plot=load_plot is not None)
         res = _run(requests, outputs, cfg)
@@ -213,6 +220,9 @@ def register(app: typer.Typer) -> None:
         max_tokens: MaxTokensOpt = "none",
         oracle_lengths: OracleOpt = DEFAULTS.oracle_lengths,
         bundle: BundleOpt = True,
+        cost_error: CostErrorOpt = DEFAULTS.cost_error,
+        cost_bias: CostBiasOpt = DEFAULTS.cost_bias,
+        correction: CorrectionOpt = DEFAULTS.scheduler.cost_correction,
     ) -> None:
         """Run several policies on identical input, all under one admission mode and one
         CPP setting, and print one table (plus a row per policy that brings its own
@@ -236,6 +246,7 @@ def register(app: typer.Typer) -> None:
             oracle_lengths=oracle_lengths, both=both,
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
             kv_block_tokens=kv_block_tokens, long_prefill_tokens=long_prefill_tokens,
+            cost_error=cost_error, cost_bias=cost_bias, correction=correction,
         )  # fmt: skip
         results: list[SimResult] = []
         for row in footing(names, modes, cpp, bundle=bundle):
@@ -291,6 +302,9 @@ def register(app: typer.Typer) -> None:
         max_tokens: MaxTokensOpt = "none",
         oracle_lengths: OracleOpt = DEFAULTS.oracle_lengths,
         bundle: BundleOpt = True,
+        cost_error: CostErrorOpt = DEFAULTS.cost_error,
+        cost_bias: CostBiasOpt = DEFAULTS.cost_bias,
+        correction: CorrectionOpt = DEFAULTS.scheduler.cost_correction,
     ) -> None:
         """Largest replay speed per policy whose SLO attainment stays >= target, every
         policy under one admission mode and one CPP setting (plus bundle rows)."""
@@ -317,6 +331,7 @@ def register(app: typer.Typer) -> None:
             oracle_lengths=oracle_lengths, both=both,
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
             kv_block_tokens=kv_block_tokens, long_prefill_tokens=long_prefill_tokens,
+            cost_error=cost_error, cost_bias=cost_bias, correction=correction,
         )  # fmt: skip
         out: list[dict[str, Any]] = []
         for line in footing(names, [admission], cpp, bundle=bundle):

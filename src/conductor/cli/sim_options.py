@@ -56,6 +56,8 @@ FLAGS = {
     "block_size_tokens": "--kv-block-tokens",  # the engines' (the scheduler's is no flag)
     "long_prefill_token_threshold": "--long-prefill-tokens",
     "max_tokens": "--max-tokens",
+    "cost_error": "--cost-error",
+    "cost_bias": "--cost-bias",
 }
 """Config field -> the option that sets it."""
 
@@ -138,6 +140,24 @@ BundleOpt = Annotated[
 ]
 DelayOpt = Annotated[
     float, typer.Option("--kv-event-delay-s", help="delay of KV events to the scheduler")
+]
+
+CostErrorOpt = Annotated[
+    float,
+    typer.Option(
+        "--cost-error",
+        help="engines' per-job lognormal deviation from the cost model (sigma, mean-preserving)",
+    ),
+]
+CostBiasOpt = Annotated[
+    float,
+    typer.Option("--cost-bias", help="engines (1 + B)x the cost model (0.3 = 30% slower)"),
+]
+CorrectionOpt = Annotated[
+    bool,
+    typer.Option(
+        "--correction/--no-correction", help="correct the cost model online from engine timings"
+    ),
 ]
 
 
@@ -249,6 +269,9 @@ class ClusterOptions:
     kv_block_tokens: int = DEFAULTS.engine.block_size_tokens
     long_prefill_tokens: int = DEFAULTS.engine.long_prefill_token_threshold
     oracle_lengths: bool = DEFAULTS.oracle_lengths
+    cost_error: float = DEFAULTS.cost_error
+    cost_bias: float = DEFAULTS.cost_bias
+    correction: bool = DEFAULTS.scheduler.cost_correction
 
 
 def build_config(
@@ -274,6 +297,7 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         if o.cpp is None
         else o.cpp,
         replication_enabled=o.replication,
+        cost_correction=o.correction,
         seed=o.seed,
     )
     engine = EngineConfig(
@@ -294,6 +318,8 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         if o.unbounded
         else (o.cache_tokens or DEFAULTS.cache_capacity_tokens),
         kv_event_delay_s=o.kv_event_delay_s,
+        cost_error=o.cost_error,
+        cost_bias=o.cost_bias,
         seed=o.seed,
         oracle_lengths=o.oracle_lengths,
         load_sample_every_s=LOAD_SAMPLE_EVERY_S if load_plot else 0.0,

@@ -38,6 +38,9 @@ class SchedulerConfig:
     node-time that a busy cluster cannot spare.
     ``replication_enabled``: plan background hot-spot replicas (``conductor.core.hotspot``)
     besides Algorithm 1's copy-on-fetch.
+    ``cost_correction``: learn per-instance prefill and decode-step factors online from the
+    engines' reported timings and predict with the corrected model
+    (:mod:`conductor.core.correction`; a no-op while the engines match the model).
     ``policy_params``: extra parameters passed to the policy by name.
     """
 
@@ -57,6 +60,7 @@ class SchedulerConfig:
     cpp_max_nodes: int = 4
     cpp_trigger_fraction: float = 0.5
     cpp_helper_queue_fraction: float = 0.1
+    cost_correction: bool = True
     seed: int = 0
     policy_params: dict[str, float] = field(default_factory=dict)
 

@@ -13,6 +13,7 @@ from typing import cast
 from conductor.core.admission import check_early, check_predictive, check_reserve, check_ttft
 from conductor.core.chunked_pipeline import PipelinePlan, pipeline_if_faster
 from conductor.core.config import SchedulerConfig
+from conductor.core.correction import CostCorrection
 from conductor.core.costmodel import CostModel
 from conductor.core.errors import InvalidInput, UnknownInstance
 from conductor.core.events import (
@@ -83,8 +84,9 @@ class Scheduler:
         decode_policy: DecodePolicy | None = None,
         output_lengths: OutputLengthModel | None = None,
     ) -> None:
-        self.cost = cost
+        self.cost = cost  # what predictions use: the nominal model, corrected online
         self.config = config or SchedulerConfig()
+        self.correction = CostCorrection(cost, enabled=self.config.cost_correction)
         self.policy_name = policy
         self.policy = make_policy(policy)
         if decode_policy is None and hasattr(self.policy, "choose_decode"):
@@ -155,6 +157,10 @@ class Scheduler:
 
     # -- events --------------------------------------------------------------------------
     def on_event(self, event: Event) -> None:
+        consumed = self.correction.observe(event, self.instances, self._inflight.get)
+        self.cost = self.correction.cost
+        if consumed:  # an engine's timing or load report (conductor.core.correction)
+            return
         match event:
             case BlocksStored(holder, hashes, tier, _):
                 self.index.store(holder, hashes, tier)

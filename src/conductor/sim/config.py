@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from conductor.core.checks import check_at_least
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, CostModel, preset
+from conductor.core.errors import InvalidInput
 from conductor.core.policies import DEFAULT_POLICY, check_policy
 
 CACHE_CAPACITY_TOKENS = 3_000_000
@@ -54,13 +55,14 @@ class SimConfig:
     prediction and the simulated execution (0 = exact).
     ``oracle_lengths``: the ablation that hands the scheduler every request's true output
     length (default: it predicts them, :mod:`conductor.core.output_length`).
+    ``cost_error`` (sigma) and ``cost_bias`` (B): the engines deviate from the scheduler's cost
+    model, each job by a mean-preserving lognormal factor and all by ``1 + B``
+    (:mod:`conductor.sim.perturb`; ``cost_bias = 0.3`` = engines 30% slower).
     ``load_sample_every_s``: sample prefill/decode load this often (0 = never).
     ``replica_sample_every_s``: sample how many prefill caches hold the blocks ranked
     ``replica_ranks`` by use in the whole trace (FAST Fig. 11; 0 = never).
     ``n_both``: instances that prefill and decode (``role=both``), after the others.
     ``engine``: the engines' iteration scheduler (:class:`EngineConfig`).
-    ``engine_cost``: the cost model the simulated engines *run* at (``None``: ``cost``, the
-    one the scheduler predicts with); every engine timing reads :attr:`timing`.
     """
 
     policy: str = DEFAULT_POLICY
@@ -72,13 +74,14 @@ class SimConfig:
     cache_capacity_tokens: int | None = CACHE_CAPACITY_TOKENS
     kv_event_delay_s: float = 0.0
     prefill_noise: float = 0.0
+    cost_error: float = 0.0
+    cost_bias: float = 0.0
     seed: int = 0
     oracle_lengths: bool = False
     load_sample_every_s: float = 0.0
     replica_sample_every_s: float = 0.0
     replica_ranks: tuple[int, ...] = (10, 100, 1000)
     engine: EngineConfig = field(default_factory=EngineConfig)
-    engine_cost: CostModel | None = None
 
     def __post_init__(self) -> None:
         check_policy(self.policy)
@@ -90,11 +93,9 @@ class SimConfig:
             check_at_least("cache_capacity_tokens", self.cache_capacity_tokens, 0)
         check_at_least("kv_event_delay_s", self.kv_event_delay_s, 0)
         check_at_least("prefill_noise", self.prefill_noise, 0)
-
-    @property
-    def timing(self) -> CostModel:
-        """The one cost model the engines' timing comes from."""
-        return self.cost if self.engine_cost is None else self.engine_cost
+        check_at_least("cost_error", self.cost_error, 0)
+        if not self.cost_bias > -1:
+            raise InvalidInput("cost_bias", self.cost_bias, "must be > -1 (engines 1 + B times)")
 
     @property
     def cache_capacity_blocks(self) -> int | None:

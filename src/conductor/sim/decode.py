@@ -54,6 +54,7 @@ class DecodeSide:
         prompt = rec.prompt_tokens
         seq = Seq(i, None, prompt, rec.output_tokens - 1, decodes=True, computed=prompt)
         seq.started = True
+        seq.factor = seq.noise = self.loop.engine_cost.job_factor(self.requests[i].request_id)
         self.loop.segments[i] = []
         self.loop.enqueue(t, node, seq)
 

@@ -18,16 +18,21 @@ Every step (one iteration of the engine) is formed when the previous one ends:
    A request whose KV arrived from a prefill engine joins decoding directly (its prompt's
    blocks and one token of budget).
 
-**Step time** (from the engines' cost model, ``SimConfig.timing``): with ``P(N, e)`` the
-prefill model's time for ``N`` prompt tokens of which ``e`` are already computed, and
-``F = P(1, 0)`` its fixed per-pass part, a chunk of ``c`` tokens after ``e`` earlier ones
-(cached or computed in earlier steps) adds ``P(e + c, e) - F``; the step costs the decode
-model's ``step(B, sum_ctx)`` for its ``B`` decoding requests when ``B > 0`` (its fixed part
-covers the pass) else ``F``, plus its chunks. A prompt alone thus takes ``P(e + c, e)`` per
+**Step time** (from the engines' cost, :class:`~conductor.sim.perturb.EngineCost`: the
+scheduler's nominal model, scaled by ``1 + cost_bias`` and each request's job factor): with
+``P(N, e)`` the prefill model's time for ``N`` prompt tokens of which ``e`` are already
+computed, and ``F = P(1, 0)`` its fixed per-pass part, a chunk of ``c`` tokens after ``e``
+earlier ones (cached or computed in earlier steps) adds ``P(e + c, e) - F``; the step costs
+the decode model's ``step(B, sum_ctx)`` for its ``B`` decoding requests when ``B > 0`` (its
+fixed part covers the pass) else ``F``, plus its chunks. A prompt alone thus takes ``P(e + c, e)`` per
 step: unchunked exactly ``P(N, e)``; chunked, about one fixed per-pass overhead per extra
-step more. A chunked-pipeline stage
-(``Seq.exclusive_s``) runs alone, once nothing else is running, for its planned time;
-waiting requests behind it wait (FCFS).
+step more. With a perturbed engine cost a chunk's part is multiplied by its request's
+factor, the decode part by the mean factor of the decoding requests, ``F`` (in a step without
+decodes) by the chunks' mean factor, and the step by ``1 + cost_bias``. Every
+``REPORT_EVERY_STEPS`` steps without prefill chunks an engine reports their statistics
+(``DecodeStepsObserved``) to the scheduler, the input of its decode-cost correction.
+A chunked-pipeline stage (``Seq.exclusive_s``) runs alone, once nothing else is running,
+for its planned time; waiting requests behind it wait (FCFS).
 
 The step that computes a prompt's last token emits a token (the first, or after a
 recompute the next one); a decoding request emits one per step. Only the step's requests
@@ -40,11 +45,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from heapq import heappop, heappush
 
-from conductor.core.costmodel import CostModel
+from conductor.core.events import DecodeStepsObserved, Event
 from conductor.core.types import InstanceId
 from conductor.sim.events import EngineStep, EventQueue
 from conductor.sim.nodes import Engine, Seq
+from conductor.sim.perturb import EngineCost
 from conductor.sim.records import RequestRecord
+
+REPORT_EVERY_STEPS = 32
+"""An engine reports its decode-step statistics (``DecodeStepsObserved``) this often."""
 
 Hook = Callable[[float, Engine, Seq], None]
 Segment = tuple[Engine, int, int]
@@ -55,16 +64,27 @@ def _noop(t: float, e: Engine, s: Seq) -> None:
     return None
 
 
+def _ignore(event: Event) -> None:
+    return None
+
+
 class EngineLoop:
     """Forms and ends the steps of every engine. The shell sets the hooks: ``on_start``
     (a request is considered for admission for the first time: set its cached prefix),
     ``on_first_token`` (a prompt's prefill finished: hand off, or keep decoding here),
     ``on_finished`` (its last token) and ``on_stage_done`` (a pipeline stage ended)."""
 
-    def __init__(self, cost: CostModel, records: list[RequestRecord], events: EventQueue) -> None:
+    def __init__(
+        self, engine_cost: EngineCost, records: list[RequestRecord], events: EventQueue
+    ) -> None:
+        cost = engine_cost.nominal
+        self.engine_cost = engine_cost
+        self.exact = engine_cost.exact
+        self.scale = engine_cost.scale
         self.prefill_time = cost.prefill.time_s
         self.step_s = cost.decode.step_s
         self.fixed_s = cost.prefill.time_s(1, 0)
+        self.report: Callable[[Event], None] = _ignore
         self.records = records
         self.push = events.push
         self.queue = events
@@ -113,17 +133,43 @@ class EngineLoop:
             e.stepping = False
             return
         fixed = self.fixed_s
-        dur = self.step_s(n, e.ctx) if n else fixed
+        exact = self.exact
+        if n:
+            dur = self.step_s(n, e.ctx)
+            if not exact:
+                dur *= self.scale * e.fsum / n
+            if not chunks:
+                self.observe(e, t, dur, n)
+        else:
+            dur = fixed
         if chunks:
             pt = self.prefill_time
             records = self.records
-            share = 0.0 if n else fixed / len(chunks)
+            scale = self.scale
+            if not n and not exact:
+                dur = fixed * scale * sum(s.noise for s, _ in chunks) / len(chunks)
+            share = 0.0 if n else dur / len(chunks)
             for s, c in chunks:
                 x = (pt(s.computed + c, s.computed) - fixed) * s.noise
+                if not exact:
+                    x *= scale
                 dur += x
                 records[s.index].prefill_compute_s += x + share
         e.stepping = True
         self.push(t + dur, self.steps[e.iid])
+
+    def observe(self, e: Engine, t: float, seconds: float, n: int) -> None:
+        """Count a decode-only step of ``e`` starting at ``t``; report every
+        ``REPORT_EVERY_STEPS``."""
+        w = e.obs
+        w[0] += 1
+        w[1] += seconds
+        w[2] += n
+        w[3] += e.ctx
+        if w[0] >= REPORT_EVERY_STEPS:
+            steps, busy, b, c = w
+            w[:] = [0, 0.0, 0, 0]
+            self.report(DecodeStepsObserved(e.iid, int(steps), busy, int(b), int(c), t))
 
     def free_bound(self, e: Engine) -> int:
         """Free blocks, counting each decoding request's partial block as full (a lower
@@ -169,6 +215,7 @@ class EngineLoop:
             done = k - s.step0
             c = s.tok0 + 1 + done
             e.ctx -= c
+            e.fsum -= s.factor
             freed = -(-c // e.block)
             if k - 1 >= s.seg_first:
                 self.segments[s.index].append((e, s.seg_first, k - 1))
@@ -270,6 +317,7 @@ class EngineLoop:
         s.step0 = step0
         s.last = step0 + s.remaining - 1
         e.ctx += s.tok0 + 1
+        e.fsum += s.factor
         e.decoding[s.order] = s
         heappush(e.finish_heap, (s.last, s.order))
 
@@ -316,9 +364,13 @@ class EngineLoop:
             # the hot path: decodes only, and their blocks surely fit (see ``form``)
             block = e.block
             if (ctx + n * (block - 1)) // block <= e.kv_blocks:
+                d = self.step_s(n, ctx)
+                if not self.exact:
+                    d *= self.scale * e.fsum / n
+                self.observe(e, t, d, n)
                 q = self.queue
                 q.seq += 1
-                heappush(q.heap, (t + self.step_s(n, ctx), q.seq, ev))
+                heappush(q.heap, (t + d, q.seq, ev))
                 return
         self.form(t, e)
 

@@ -32,7 +32,9 @@ class Seq:
     token-emitting steps began at ``seg_first``. ``order``: when it was (last) admitted to
     the running set — the newest is preempted first. ``exclusive_s > 0``: a chunked-pipeline
     stage that runs alone for that long (``group``). ``fetch_pending``: waits for remote
-    prefix blocks (skipped by admission until they arrive)."""
+    prefix blocks (skipped by admission until they arrive). ``factor``: its engine-cost job
+    factor (:mod:`conductor.sim.perturb`); ``noise``: what its prefill chunks are multiplied
+    by (the factor, times ``prefill_noise``'s draw)."""
 
     __slots__ = (
         "base",
@@ -40,6 +42,7 @@ class Seq:
         "computed",
         "decodes",
         "exclusive_s",
+        "factor",
         "fetch_pending",
         "group",
         "helper",
@@ -80,6 +83,7 @@ class Seq:
         self.last = 0
         self.seg_first = 0
         self.noise = 1.0
+        self.factor = 1.0
         self.started = False
         self.fetch_pending = False
         self.exclusive_s = 0.0
@@ -98,7 +102,9 @@ class Engine:
     requests. ``finish_heap``: ``(last step, order)``, stale entries skipped.
     ``step_ends``: every step's end time (the TBT log). ``cache``: the prefix cache of a
     prefill-capable instance (DRAM, LRU). ``nic_in_free_s`` / ``nic_out_free_s``: when its
-    NIC's ingress / egress is next free (FIFO per direction)."""
+    NIC's ingress / egress is next free (FIFO per direction). ``fsum``: the decoding requests'
+    job factors summed; ``obs``: decode steps, busy seconds, batch and context sums since the
+    last ``DecodeStepsObserved`` report."""
 
     iid: InstanceId
     role: Role
@@ -119,6 +125,8 @@ class Engine:
     exclusive: Seq | None = None
     stepping: bool = False
     preemptions: int = 0
+    fsum: float = 0.0
+    obs: list[float] = field(default_factory=lambda: [0, 0.0, 0, 0])
     nic_in_free_s: float = 0.0
     nic_out_free_s: float = 0.0
 

@@ -12,7 +12,6 @@ import math
 import random
 from collections.abc import Sequence
 
-from conductor.core.chunked_pipeline import pipelined_prefill_s
 from conductor.core.events import BlocksRemoved, BlocksStored, Event, PrefillFinished
 from conductor.core.plan import Plan, Rejection
 from conductor.core.scheduler import Scheduler
@@ -39,7 +38,8 @@ class PrefillSide:
         loop: EngineLoop,
     ) -> None:
         self.cfg = cfg
-        self.cost = cfg.timing
+        self.cost = cfg.cost  # KV transfers keep their nominal time
+        self.engine_cost = loop.engine_cost
         self.block = cfg.scheduler.block_size_tokens
         self.scheduler = scheduler
         self.requests = requests
@@ -89,8 +89,10 @@ class PrefillSide:
         seq = Seq(i, plan, req.prompt_tokens, rec.output_tokens, decodes=here)
         if here:
             self.loop.segments[i] = []
+        seq.factor = self.engine_cost.job_factor(req.request_id)
+        seq.noise = seq.factor
         if self.cfg.prefill_noise > 0:
-            seq.noise = math.exp(self.rng.gauss(0.0, self.cfg.prefill_noise))
+            seq.noise *= math.exp(self.rng.gauss(0.0, self.cfg.prefill_noise))
         if plan.fetch is not None:
             src = self.nodes.get(plan.fetch.source)
             hashes = plan.fetch.block_hashes
@@ -139,8 +141,13 @@ class PrefillSide:
         req = self.requests[seq.index]
         nodes = plan.cpp.nodes
         bw = self.cost.transfer_bytes_per_s
-        compute = pipelined_prefill_s(
-            self.cost, req.prompt_tokens, plan.cached_tokens, plan.cpp.chunk_tokens, len(nodes), bw
+        compute = self.engine_cost.pipelined_prefill_s(
+            req.request_id,
+            req.prompt_tokens,
+            plan.cached_tokens,
+            plan.cpp.chunk_tokens,
+            len(nodes),
+            bw,
         )
         group = CppGroup(len(nodes), compute)
         seq.group = group
@@ -185,7 +192,10 @@ class PrefillSide:
         """The prefill of ``seq``'s prompt ended on ``node`` at ``t``."""
         req = self.requests[seq.index]
         rec = self.records[seq.index]
-        self.scheduler.on_event(PrefillFinished(req.request_id, node.iid, t))
+        # the engine reports the compute it spent on this prefill and the tokens it reused
+        cached = rec.local_tokens + rec.fetched_tokens
+        done = PrefillFinished(req.request_id, node.iid, t, rec.prefill_compute_s, cached)
+        self.scheduler.on_event(done)
         rec.prefill_end_s = t
         self.store_blocks(t, node, req.block_hashes)
         if seq.decodes:  # role=both: it decodes where it was prefilled

@@ -25,6 +25,7 @@ from conductor.sim.decode import DecodeSide
 from conductor.sim.engine import EngineLoop
 from conductor.sim.events import Arrival, CopyDone, DecodeJoin, EngineStep, EventQueue, FetchDone
 from conductor.sim.nodes import Engine
+from conductor.sim.perturb import EngineCost
 from conductor.sim.prefill import PrefillSide
 from conductor.sim.records import RequestRecord, summarize
 
@@ -66,7 +67,7 @@ def make_engines(cfg: SimConfig, scheduler: Scheduler) -> dict[InstanceId, Engin
     """``prefill-*``, ``decode-*`` then ``both-*`` engines, registered with ``scheduler``
     in that order; prefill-capable ones get an LRU prefix cache."""
     eng = cfg.engine
-    cost = cfg.timing
+    cost = cfg.cost
     kv_tokens = eng.kv_capacity_tokens or cost.kv_capacity_tokens
     seqs = eng.max_num_seqs or cost.max_batch_size
     out: dict[InstanceId, Engine] = {}
@@ -129,7 +130,8 @@ class _Simulation:
         if cfg.replica_sample_every_s > 0:
             self.tracked_blocks = tracked_blocks(requests, cfg.replica_ranks)
         self.engines = make_engines(cfg, self.scheduler)
-        self.loop = EngineLoop(cfg.timing, self.records, self.events)
+        self.loop = EngineLoop(EngineCost.of(cfg), self.records, self.events)
+        self.loop.report = self.scheduler.on_event
         for e in self.engines.values():
             self.loop.add(e)
         self.prefill = PrefillSide(
@@ -183,7 +185,7 @@ class _Simulation:
         """Prefill load = mean predicted queue / TTFT SLO; decode load = mean step time /
         TBT SLO (arXiv §7.1 defines load against the SLOs)."""
         sched = self.cfg.scheduler
-        cost = self.cfg.timing
+        cost = self.cfg.cost
         p = self.scheduler.instances
         pre = sum(p[i].prefill.queue_s(t) for i in self.prefill.nodes) / len(self.prefill.nodes)
         dec = sum(
@@ -220,6 +222,9 @@ def simulate(
         "admission": sched.admission,
         "cpp": sched.cpp_enabled,
         "oracle_lengths": cfg.oracle_lengths,
+        "cost_error": cfg.cost_error,
+        "cost_bias": cfg.cost_bias,
+        "cost_correction": sched.cost_correction,
         **summarize(
             sim.records,
             ttft_slo_s=sched.ttft_slo_s,
