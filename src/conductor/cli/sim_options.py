@@ -22,6 +22,7 @@ from conductor.core.policies import check_policy, policy_config_defaults
 from conductor.core.types import Request
 from conductor.sim.config import SimConfig
 from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
+from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS
 
 DEFAULTS = SimConfig()
 """The defaults of every option that sets a :class:`SimConfig` field."""
@@ -95,7 +96,11 @@ def fail(message: str) -> typer.Exit:
 
 
 def load_requests(
-    trace: Path | None, limit: int | None, speed: float, skip_invalid: bool
+    trace: Path | None,
+    limit: int | None,
+    speed: float,
+    skip_invalid: bool,
+    block_size_tokens: int = DEFAULT_BLOCK_SIZE_TOKENS,
 ) -> list[Request]:
     if speed <= 0:
         raise typer.BadParameter(f"must be > 0, got {speed}", param_hint="--speed")
@@ -105,12 +110,14 @@ def load_requests(
     if not path.exists():
         raise typer.BadParameter(f"no such file: {path}", param_hint="--trace")
     try:
-        result = read_trace(path, limit=limit, skip_invalid=skip_invalid)
+        result = read_trace(
+            path, limit=limit, skip_invalid=skip_invalid, block_size_tokens=block_size_tokens
+        )
         if result.skipped:
             typer.echo(f"skipped {len(result.skipped)} invalid line(s)", err=True)
         if not result.records:
             raise fail(f"trace {path} has no valid requests")
-        return records_to_requests(result.records, speed=speed)
+        return records_to_requests(result.records, speed=speed, block_size_tokens=block_size_tokens)
     except ConductorError as exc:
         raise fail(f"{path}: {exc}") from None
 
