@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from conductor.cli.cost_source import CostFileOpt, cost_from_options
 from conductor.cli.fields import config_error
 from conductor.cli.sim_options import (
     DEFAULT_TBT_SLO_MS,
@@ -105,11 +106,13 @@ def print_table(results: list[dict[str, Any]]) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate_cmd(
+        ctx: typer.Context,
         trace: TraceOpt = None,
         policy: Annotated[str | None, typer.Option("--policy", help="scheduling policy")] = None,
         prefill: PrefillOpt = DEFAULTS.n_prefill,
         decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
+        cost_file: CostFileOpt = None,
         ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
         tbt_slo_ms: TbtOpt = DEFAULT_TBT_SLO_MS,
         speed: SpeedOpt = 1.0,
@@ -135,6 +138,7 @@ def register(app: typer.Typer) -> None:
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
             replication, cache_tokens, unbounded_cache, kv_event_delay_s,
+            cost_from_options(ctx, cost_file),
         )  # fmt: skip
         cfg = build_config(options, name, load_plot=load_plot is not None)
         res = _run(requests, cfg)
@@ -148,6 +152,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("compare")
     def compare_cmd(
+        ctx: typer.Context,
         trace: TraceOpt = None,
         policies: Annotated[
             str | None, typer.Option("--policies", help="comma-separated policy names")
@@ -155,6 +160,7 @@ def register(app: typer.Typer) -> None:
         prefill: PrefillOpt = DEFAULTS.n_prefill,
         decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
+        cost_file: CostFileOpt = None,
         ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
         tbt_slo_ms: TbtOpt = DEFAULT_TBT_SLO_MS,
         speed: SpeedOpt = 1.0,
@@ -193,6 +199,7 @@ def register(app: typer.Typer) -> None:
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
             replication, cache_tokens, unbounded_cache, kv_event_delay_s,
+            cost_from_options(ctx, cost_file),
         )  # fmt: skip
         results: list[SimResult] = []
         for name, mode in [(n, m) for n in names for m in modes]:
@@ -210,6 +217,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("capacity")
     def capacity_cmd(
+        ctx: typer.Context,
         trace: TraceOpt = None,
         policies: Annotated[
             str | None, typer.Option("--policies", help="comma-separated policy names")
@@ -220,6 +228,7 @@ def register(app: typer.Typer) -> None:
         prefill: PrefillOpt = DEFAULTS.n_prefill,
         decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
+        cost_file: CostFileOpt = None,
         ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
         target: Annotated[float, typer.Option("--target", help="SLO attainment to sustain")] = 0.9,
         limit: LimitOpt = None,
@@ -248,8 +257,11 @@ def register(app: typer.Typer) -> None:
         if not 0 < target <= 1:
             raise typer.BadParameter(f"must be in (0, 1], got {target}", param_hint="--target")
         requests = load_requests(trace, limit, 1.0, skip_invalid)
-        options = ClusterOptions(
-            prefill, decode, preset_name, ttft_slo_s, thresholds[0], seed, admission, cpp
+        options = replace(
+            ClusterOptions(
+                prefill, decode, preset_name, ttft_slo_s, thresholds[0], seed, admission, cpp
+            ),
+            cost=cost_from_options(ctx, cost_file),
         )
         out: list[dict[str, Any]] = []
         for name in names:

@@ -16,7 +16,7 @@ import typer
 
 from conductor.cli.fields import config_error
 from conductor.core.config import SchedulerConfig
-from conductor.core.costmodel import PRESETS, preset
+from conductor.core.costmodel import PRESETS, CostModel, preset
 from conductor.core.errors import ConductorError, InvalidInput
 from conductor.core.policies import check_policy, policy_config_defaults
 from conductor.core.types import Request
@@ -139,6 +139,8 @@ class ClusterOptions:
     cache_tokens: int | None = None
     unbounded: bool = False
     kv_event_delay_s: float = DEFAULTS.kv_event_delay_s
+    cost: CostModel | None = None
+    """From ``--cost-file``; None: the preset ``preset_name``."""
 
 
 def build_config(
@@ -170,7 +172,7 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         policy=policy,
         n_prefill=o.prefill,
         n_decode=o.decode,
-        cost=preset(o.preset_name),
+        cost=o.cost if o.cost is not None else preset(o.preset_name),
         scheduler=sched,
         cache_capacity_tokens=None
         if o.unbounded

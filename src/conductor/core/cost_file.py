@@ -34,23 +34,14 @@ Format (version :data:`FORMAT`)::
     bytes_per_s = 1e9
     latency_s = 0.001
 
-    [model]                              # the transformer's shape (config.json)
-    name = "tiny"
-    layers = 2
-    hidden = 256
-    q_heads = 4
-    kv_heads = 2
-    head_dim = 64
-    params_b = 0.0011
-    bytes_per_elem = 2
+    [model]                              # the transformer's shape (config.json): name,
+    name = "tiny"                        # layers, hidden, q_heads, kv_heads, head_dim,
+    layers = 2                           # params_b; optional a, b (Mooncake Eq. 1),
+    ...                                  # bytes_per_elem (2)
 
-    [hardware]                           # optional; needed by form = "roofline"
-    name = "..."
-    gpus = 1
-    flops_per_gpu = 5e10
-    hbm_bytes_per_s_per_gpu = 1e10
-    hbm_bytes_per_gpu = 1073741824
-    nic_bytes_per_s = 1e9
+    [hardware]                           # optional, needed by form = "roofline": name,
+    ...                                  # gpus, flops_per_gpu, hbm_bytes_per_s_per_gpu,
+                                         # hbm_bytes_per_gpu, nic_bytes_per_s
 
     [measured]                           # optional, free-form: what was measured, when, the
     at = "2026-12-01T19:00:00Z"          # samples and the fit's residuals; kept, not used
@@ -102,13 +93,13 @@ class _Table:
     def __init__(self, name: str, data: object, keys: Sequence[str]) -> None:
         if not isinstance(data, dict):
             raise InvalidInput(name, data, "must be a table")
+        self.name = name
+        self.data: dict[str, object] = data
         for key in data:
             if key not in keys:
                 raise InvalidInput(
-                    f"{name}.{key}", data[key], f"unknown key; known: {', '.join(keys)}"
+                    self.where(key), data[key], f"unknown key; known: {', '.join(keys)}"
                 )
-        self.name = name
-        self.data: dict[str, object] = data
 
     def where(self, key: str) -> str:
         return f"{self.name}.{key}" if self.name else key

@@ -61,6 +61,8 @@ def nonnegative_lstsq(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> l
     Noisy timings otherwise give negative terms that predict nonsense outside the samples."""
     x = np.asarray(rows, dtype=float)
     y = np.asarray(ys, dtype=float)
+    if not (y > 0).all():
+        raise ProfileError(f"timings must be > 0 s to fit, got {sorted(ys)[:3]}")
     w = 1.0 / y
     xw, yw = x * w[:, None], y * w
     n = x.shape[1]

@@ -2,14 +2,16 @@
 :mod:`conductor.profiling.config` for the plan).
 
 Every prompt is token ids (:class:`~conductor.workload.prompts.BlockPrompts`): fresh blocks
-share nothing with anything sent before, a cached prefix is exactly the blocks sent just
-before it. Requests ask for ``ignore_eos`` so the engine generates exactly ``max_tokens``.
+(ids starting from the clock, so no earlier profile of the same engine sent them) share
+nothing with anything sent before, a cached prefix is exactly the blocks sent just before it.
+Requests ask for ``ignore_eos`` so the engine generates exactly ``max_tokens``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +22,11 @@ from conductor.workload.prompts import BlockPrompts, FreshBlocks
 
 Step = Callable[[str], None]
 """Called once per measured step with a short label (the CLI's progress bar)."""
+
+
+DECODE_ATTEMPTS = 2
+"""Runs of a decode point before it is given up (its window can come out empty when the
+batch's streams did not overlap)."""
 
 
 class ProfileError(Exception):
@@ -40,8 +47,8 @@ class PrefillSample:
 
 @dataclass(frozen=True, slots=True)
 class DecodeSample:
-    """``batch_size`` streams holding ``context_tokens`` tokens together (mid-run): median
-    seconds per token over ``gaps`` gaps while all of them were decoding."""
+    """``batch_size`` streams holding ``context_tokens`` tokens together (mid-run): the
+    median over ``gaps`` streams of their seconds per token while all of them decoded."""
 
     batch_size: int
     prompt_tokens: int
@@ -89,7 +96,8 @@ class Profiler:
         self.model = model
         self.block = block_size_tokens
         self.prompts = BlockPrompts(block_size_tokens, pool, seed=cfg.seed)
-        self.fresh = FreshBlocks()
+        # Block ids of this run only: an engine keeps what earlier profiles sent in its cache.
+        self.fresh = FreshBlocks(start=time.time_ns() << 8)
         self.step = step or (lambda label: None)
         self.client = RawHttpClient(
             Timeouts(connect_s=10.0, read_s=cfg.timeout_s, pool_s=cfg.timeout_s)
@@ -162,7 +170,11 @@ class Profiler:
         decode: list[DecodeSample] = []
         for c in sorted(cfg.decode_contexts):
             for b in sorted(cfg.batch_sizes):
-                sample = await self.decode_point(b, c)
+                sample = None
+                for _attempt in range(DECODE_ATTEMPTS):
+                    sample = await self.decode_point(b, c)
+                    if sample is not None:
+                        break
                 if sample is not None:
                     decode.append(sample)
                 self.step(f"decode {b} x {c}")
@@ -183,19 +195,23 @@ class Profiler:
 
 
 def decode_gaps(results: Sequence[StreamResult]) -> list[float]:
-    """Seconds per token between consecutive events of each stream, for the events that fall
-    in the window where every stream had its first token and none had its last; an event
-    that reports several new tokens (``token_counts``) counts as that many."""
+    """Seconds per token of each stream while every stream of the batch was decoding (the
+    window after the last stream's first token and before the first stream's last): the
+    time between its first and last event in that window over the tokens in between.
+    Events coalesced by the network (several in one read) cannot bias it; an event that
+    reports its token count (``token_counts``) counts those tokens, else one."""
     start = max(r.token_times_s[0] for r in results)
     end = min(r.token_times_s[-1] for r in results)
-    gaps: list[float] = []
+    out: list[float] = []
     for r in results:
         times = r.token_times_s
-        counts = r.token_counts if len(r.token_counts) == len(times) else None
-        for i in range(1, len(times)):
-            if times[i - 1] < start or times[i] > end:
-                continue
-            tokens = counts[i] - counts[i - 1] if counts is not None else 1
-            if tokens > 0:
-                gaps.append((times[i] - times[i - 1]) / tokens)
-    return gaps
+        counts = r.token_counts if len(r.token_counts) == len(times) else list(range(len(times)))
+        inside = [i for i, t in enumerate(times) if start <= t <= end]
+        if len(inside) < 2:
+            continue
+        first, last = inside[0], inside[-1]
+        tokens = counts[last] - counts[first]
+        dt = times[last] - times[first]
+        if tokens > 0 and dt > 0:
+            out.append(dt / tokens)
+    return out
