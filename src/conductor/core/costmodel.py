@@ -240,18 +240,6 @@ H100X1 = HardwareSpec("1xH100-SXM", 1, 989.5e12, 3.35e12, 80e9, 50e9)
 H100X8 = HardwareSpec("8xH100-SXM", 8, 989.5e12, 3.35e12, 80e9, 190e9)
 H200X1 = HardwareSpec("1xH200-SXM", 1, 989.5e12, 4.8e12, 141e9, 50e9)
 H200X8 = HardwareSpec("8xH200-SXM", 8, 989.5e12, 4.8e12, 141e9, 190e9)
-# The 2-layer random-weight Llama the gateway's integration tests serve on vLLM's CPU backend
-# (tests/engines/make_tiny_model.py), on a 2-core machine with VLLM_CPU_KVCACHE_SPACE=1 (GiB).
-TINY_LLAMA = ModelSpec("tiny-llama-2l-256h", 2, 256, 4, 2, 64, 0.0011)
-CPU_2CORE = HardwareSpec("cpu-2core", 1, 5e10, 1e10, 1 << 30, 1e9)
-
-# tiny-cpu, measured with vLLM 0.32 (CPU) on 2 cores, random prompts, max_tokens 1 / 65,
-# ignore_eos: prefill 16 tok ~11 ms, 512 tok ~18 ms, 1024 tok ~40 ms, 1900 tok ~51 ms; decode
-# step ~2.4 ms at 16 context tokens, ~3.8 ms at 1024 (docs/gateway.md).
-TINY_CPU_PREFILL_TOKENS_PER_S = 30_000.0
-TINY_CPU_PREFILL_OVERHEAD_S = 0.010
-TINY_CPU_DECODE_STEP_MS = 2.4
-TINY_CPU_DECODE_S_PER_CONTEXT_TOKEN = 1.3e-6
 
 
 def _kv_capacity(model: ModelSpec, hw: HardwareSpec, usable: float = 0.9) -> int:
@@ -337,24 +325,10 @@ PRESETS: dict[str, CostModel] = {
         decode=LinearDecode.roofline(LLAMA3_8B, H200X1, step_overhead_s=0.0023),
         source="roofline with H200 HBM 4.8 TB/s, BLIS mfuPrefill 0.45, BLIS overheads",
     ),
-    # Prefill T = overhead + new_tokens / rate; a decode step of a few milliseconds.
-    "tiny-cpu": CostModel(
-        name="tiny-cpu",
-        model=TINY_LLAMA,
-        hardware=CPU_2CORE,
-        prefill=PolynomialPrefill(
-            TINY_CPU_PREFILL_OVERHEAD_S, 1.0 / TINY_CPU_PREFILL_TOKENS_PER_S, 0.0, 0.0
-        ),
-        decode=LinearDecode(
-            TINY_CPU_DECODE_STEP_MS / 1e3, 1e-4, TINY_CPU_DECODE_S_PER_CONTEXT_TOKEN
-        ),
-        transfer_bytes_per_s=CPU_2CORE.nic_bytes_per_s,
-        kv_capacity_tokens=int(CPU_2CORE.hbm_bytes_per_gpu) // TINY_LLAMA.kv_bytes_per_token,
-        max_batch_size=256,
-        source="measured: vLLM 0.32 CPU backend, tiny model, 2 cores (docs/gateway.md)",
-    ),
 }
-"""The one table of cost-model presets: the simulator, the gateway and the emulator read it."""
+"""The one table of cost-model presets: the simulator, the gateway and the emulator read it.
+A measured engine is not a preset: ``conductor profile`` writes its cost file and every shell
+reads it with ``--cost-file`` (:mod:`conductor.core.cost_file`)."""
 DEFAULT_PRESET = "llama3-70b-a800x8"
 """The simulator's (and ``conductor serve``'s) preset: the paper's setup."""
 
