@@ -67,9 +67,17 @@ def test_replay_sends_every_request_and_shares_prefixes(
     trace = _trace(tmp_path / "t.jsonl", RECORDS)
     out = tmp_path / "replay.json"
     args = ["replay", "--trace", str(trace), "--url", emu.base_url, "--speed", "10", *SCALE]
-    r = runner.invoke(app, [*args, "--json", str(out), "--label", "emu"])
+    rows_out = tmp_path / "rows.json"
+    r = runner.invoke(
+        app, [*args, "--json", str(out), "--label", "emu", "--requests-json", str(rows_out)]
+    )
     assert r.exit_code == 0, r.output
     got = json.loads(out.read_text())
+    rows = json.loads(rows_out.read_text())
+    assert [row["request_id"] for row in rows] == ["r0", "r1", "r2", "r3", "r4"]
+    assert [row["prompt_tokens"] for row in rows] == [64, 96, 64, 96, 38]
+    assert [row["cached_tokens"] for row in rows] == [0, 64, 0, 64, 32]
+    assert [row["tokens"] for row in rows] == [4] * 5
     assert got["policy"] == "emu" and got["admission"] == "endpoint"
     assert (got["requests"], got["completed"], got["rejected"]) == (5, 5, 0)
     assert got["cache_hit_rate"] == round(CACHED_TOKENS / PROMPT_TOKENS, 6)

@@ -93,6 +93,28 @@ def summary(
     }
 
 
+def per_request(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+    """One row per finished request (``--requests-json``), in arrival order."""
+    rows = []
+    for o in sorted(outcomes, key=lambda o: o.arrival_s):
+        rec = to_record(o)
+        rows.append(
+            {
+                "request_id": o.request_id,
+                "arrival_s": round(o.arrival_s, 6),
+                "prompt_tokens": o.prompt_tokens,
+                "output_tokens": o.output_tokens,
+                "cached_tokens": o.cached_tokens,
+                "ttft_s": None if rec.ttft_s is None else round(rec.ttft_s, 6),
+                "tbt_s": None if rec.tbt_s is None else round(rec.tbt_s, 6),
+                "tokens": len(o.token_times_s),
+                "status": o.status,
+                "error": o.error,
+            }
+        )
+    return rows
+
+
 def _model(url: str, model: str | None) -> str:
     if model is not None:
         return model
@@ -166,6 +188,10 @@ def register(app: typer.Typer) -> None:
         speed: SpeedOpt = DEFAULT_SPEED,
         limit: LimitOpt = None,
         json_path: JsonOpt = None,
+        requests_json: Annotated[
+            Path | None,
+            typer.Option("--requests-json", help="write one row per request (JSON) here"),
+        ] = None,
         model: Annotated[
             str | None, typer.Option("--model", help="model name [first of /v1/models]")
         ] = None,
@@ -256,5 +282,7 @@ def register(app: typer.Typer) -> None:
         if json_path is not None:
             write_json(json_path, result)
             typer.echo(f"results written to {json_path}")
+        if requests_json is not None:
+            write_json(requests_json, per_request(done))
         if interrupted:
             raise typer.Exit(130)

@@ -56,7 +56,8 @@ def _prefill_label(s: PrefillSample) -> str:
 
 def nonnegative_lstsq(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
     """Coefficients >= 0 minimising the squared *relative* error of ``rows @ c`` against
-    ``ys``: the best of the least-squares fits on every subset of the terms whose
+    ``ys``: the best of the least-squares fits on every subset of the terms that keeps the
+    first (the fixed overhead, > 0: every step and prefill pays one) and whose
     coefficients all come out >= 0 (a handful of terms: exhaustive is exact and cheap).
     Noisy timings otherwise give negative terms that predict nonsense outside the samples."""
     x = np.asarray(rows, dtype=float)
@@ -68,15 +69,15 @@ def nonnegative_lstsq(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> l
     n = x.shape[1]
     best: tuple[float, list[float]] | None = None
     for subset in itertools.chain.from_iterable(
-        itertools.combinations(range(n), k) for k in range(1, n + 1)
+        itertools.combinations(range(1, n), k) for k in range(n)
     ):
-        cols = list(subset)
+        cols = [0, *subset]
         part = xw[:, cols]
         scale = np.abs(part).max(axis=0)
         scale[scale == 0] = 1.0
         coef, *_ = np.linalg.lstsq(part / scale, yw, rcond=None)
         coef = coef / scale
-        if (coef < 0).any():
+        if (coef < 0).any() or coef[0] <= 0:
             continue
         full = [0.0] * n
         for c, v in zip(cols, coef, strict=True):
@@ -84,7 +85,7 @@ def nonnegative_lstsq(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> l
         err = float(np.sum((xw @ np.asarray(full) - yw) ** 2))
         if best is None or err < best[0]:
             best = (err, full)
-    assert best is not None  # a single column with positive ys always fits with c >= 0
+    assert best is not None  # the overhead alone fits positive ys with c0 > 0
     return best[1]
 
 
