@@ -22,7 +22,7 @@ KV_CACHE_BYTES = 1 << 30
 def test_profile_a_real_engine(vllm_engine: VllmEngine, tmp_path: Path) -> None:
     out = tmp_path / "cost.toml"
     plan = ["--lengths", "32,256,1024", "--repeats", "2", "--warmup", "2"]
-    plan += ["--batch-sizes", "1,4", "--contexts", "64,512", "--decode-tokens", "16"]
+    plan += ["--batch-sizes", "1,4", "--contexts", "64,512"]
     args = ["profile", "--url", vllm_engine.base_url, "--model-path", str(TINY_MODEL)]
     r = runner.invoke(app, [*args, "--out", str(out), *plan])
     assert r.exit_code == 0, r.output

@@ -24,9 +24,10 @@ Step = Callable[[str], None]
 """Called once per measured step with a short label (the CLI's progress bar)."""
 
 
-DECODE_ATTEMPTS = 2
-"""Runs of a decode point before it is given up (its window can come out empty when the
-batch's streams did not overlap)."""
+DECODE_ATTEMPTS = 3
+"""Runs of a decode point before it is given up, each with twice the tokens of the one
+before: its window comes out empty when the batch's streams did not overlap (a busy API
+server can hand the engine a batch's requests further apart than a short stream lasts)."""
 
 
 class ProfileError(Exception):
@@ -171,8 +172,8 @@ class Profiler:
         for c in sorted(cfg.decode_contexts):
             for b in sorted(cfg.batch_sizes):
                 sample = None
-                for _attempt in range(DECODE_ATTEMPTS):
-                    sample = await self.decode_point(b, c)
+                for attempt in range(DECODE_ATTEMPTS):
+                    sample = await self.decode_point(b, c, cfg.decode_tokens << attempt)
                     if sample is not None:
                         break
                 if sample is not None:
@@ -180,17 +181,17 @@ class Profiler:
                 self.step(f"decode {b} x {c}")
         return Measurements(prefill, tuple(decode), self.requests, self.reported_cached)
 
-    async def decode_point(self, batch: int, context: int) -> DecodeSample | None:
+    async def decode_point(self, batch: int, context: int, tokens: int) -> DecodeSample | None:
         """``batch`` concurrent streams after ``context``-token prompts that were sent (and
         cached) just before, so that the streams' prefills are short and they all decode
         together; None when no gap fell in the window where all of them decoded."""
         prompts = [self.fresh_prompt(context) for _ in range(batch)]
         await asyncio.gather(*(self.send(p, 1) for p in prompts))
-        results = await asyncio.gather(*(self.send(p, self.cfg.decode_tokens) for p in prompts))
+        results = await asyncio.gather(*(self.send(p, tokens) for p in prompts))
         gaps = decode_gaps(results)
         if not gaps:
             return None
-        mid = batch * (context + self.cfg.decode_tokens // 2)
+        mid = batch * (context + tokens // 2)
         return DecodeSample(batch, context, mid, statistics.median(gaps), len(gaps))
 
 
