@@ -135,11 +135,15 @@ def main() -> int:
     p.add_argument("--token-scale", type=float, default=0.0625)
     p.add_argument("--output-scale", type=float, default=0.1)
     p.add_argument("--max-output-tokens", type=int, default=64)
-    p.add_argument("--max-prompt-tokens", type=int, default=2000)
+    p.add_argument(
+        "--max-prompt-tokens", type=int, default=None, help="default: 2048 - max output tokens"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cost-file", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
+    if args.max_prompt_tokens is None:
+        args.max_prompt_tokens = 2048 - args.max_output_tokens
     why = missing_prerequisites()
     if why is not None:
         print(f"cannot run: {why}", file=sys.stderr)
