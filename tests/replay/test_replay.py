@@ -164,3 +164,19 @@ def test_bad_input_is_named(extra: list[str], message: str) -> None:
     r = runner.invoke(app, [*args, *extra])
     assert r.exit_code == 2, r.output
     assert message in r.output
+
+
+def test_refused_requests_count_as_rejected(tmp_path: Path) -> None:
+    cfg = EmulatorConfig(instant=True, block_size_tokens=32, max_model_len=80)
+    trace = _trace(tmp_path / "t.jsonl", RECORDS)
+    out, rows_out = tmp_path / "r.json", tmp_path / "rows.json"
+    with running_emulator(cfg, kv_events=False) as emu:
+        args = ["replay", "--trace", str(trace), "--url", emu.base_url, "--speed", "10", *SCALE]
+        r = runner.invoke(app, [*args, "--json", str(out), "--requests-json", str(rows_out)])
+    assert r.exit_code == 0, r.output
+    assert "2 request(s) failed, e.g. HTTP 400: " in r.output
+    got = json.loads(out.read_text())
+    assert (got["requests"], got["completed"], got["rejected"]) == (5, 3, 2)
+    rows = json.loads(rows_out.read_text())
+    assert [row["status"] for row in rows] == [200, 400, 200, 400, 200]
+    assert [row["ttft_s"] is None for row in rows] == [False, True, False, True, False]

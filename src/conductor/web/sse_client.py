@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +107,7 @@ async def stream_completion(
     return result
 
 
-async def _read_events(chunks: Any, result: StreamResult) -> None:
+async def _read_events(chunks: AsyncIterator[bytes], result: StreamResult) -> None:
     pending = b""
     done = False
     async for chunk in chunks:
