@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from conductor.cli.cost_source import CostFileOpt, cost_from_options
 from conductor.cli.fields import config_error
 from conductor.cli.sim_options import (
     DEFAULT_TBT_SLO_MS,
@@ -113,11 +114,13 @@ def print_table(results: list[dict[str, Any]]) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate_cmd(
+        ctx: typer.Context,
         trace: TraceOpt = None,
         policy: Annotated[str | None, typer.Option("--policy", help="scheduling policy")] = None,
         prefill: PrefillOpt = DEFAULTS.n_prefill,
         decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
+        cost_file: CostFileOpt = None,
         ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
         tbt_slo_ms: TbtOpt = DEFAULT_TBT_SLO_MS,
         speed: SpeedOpt = 1.0,
@@ -150,6 +153,7 @@ def register(app: typer.Typer) -> None:
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
             replication, cache_tokens, unbounded_cache, kv_event_delay_s, oracle_lengths,
             cost_error=cost_error, cost_bias=cost_bias, correction=correction,
+            cost=cost_from_options(ctx, cost_file),
         )  # fmt: skip
         cfg = build_config(options, name, load_plot=load_plot is not None)
         res = _run(requests, outputs, cfg)
@@ -164,6 +168,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("compare")
     def compare_cmd(
+        ctx: typer.Context,
         trace: TraceOpt = None,
         policies: Annotated[
             str | None, typer.Option("--policies", help="comma-separated policy names")
@@ -171,6 +176,7 @@ def register(app: typer.Typer) -> None:
         prefill: PrefillOpt = DEFAULTS.n_prefill,
         decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
+        cost_file: CostFileOpt = None,
         ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
         tbt_slo_ms: TbtOpt = DEFAULT_TBT_SLO_MS,
         speed: SpeedOpt = 1.0,
@@ -226,6 +232,7 @@ def register(app: typer.Typer) -> None:
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
             replication, cache_tokens, unbounded_cache, kv_event_delay_s, oracle_lengths,
             cost_error=cost_error, cost_bias=cost_bias, correction=correction,
+            cost=cost_from_options(ctx, cost_file),
         )  # fmt: skip
         results: list[SimResult] = []
         for row in footing(names, modes, cpp, bundle=bundle):
@@ -247,6 +254,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("capacity")
     def capacity_cmd(
+        ctx: typer.Context,
         trace: TraceOpt = None,
         policies: Annotated[
             str | None, typer.Option("--policies", help="comma-separated policy names")
@@ -257,6 +265,7 @@ def register(app: typer.Typer) -> None:
         prefill: PrefillOpt = DEFAULTS.n_prefill,
         decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
+        cost_file: CostFileOpt = None,
         ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
         target: Annotated[float, typer.Option("--target", help="SLO attainment to sustain")] = 0.9,
         limit: LimitOpt = None,
@@ -304,6 +313,7 @@ def register(app: typer.Typer) -> None:
             prefill, decode, preset_name, ttft_slo_s, thresholds[0], seed, admission, cpp,
             oracle_lengths=oracle_lengths,
             cost_error=cost_error, cost_bias=cost_bias, correction=correction,
+            cost=cost_from_options(ctx, cost_file),
         )  # fmt: skip
         out: list[dict[str, Any]] = []
         for line in footing(names, [admission], cpp, bundle=bundle):
