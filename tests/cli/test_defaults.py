@@ -87,10 +87,10 @@ def test_serve_keys_default_to_the_config_fields() -> None:
 
 
 def test_one_preset_table_serves_simulator_and_gateway() -> None:
-    assert {"tiny-cpu", DEFAULT_PRESET} <= set(PRESETS)
-    assert preset("tiny-cpu").name == "tiny-cpu"
-    cfg = SimConfig(cost=preset("tiny-cpu"))
-    assert cfg.cost is PRESETS["tiny-cpu"]
+    assert {"llama3-8b-h100", DEFAULT_PRESET} <= set(PRESETS)
+    assert preset("llama3-8b-h100").name == "llama3-8b-h100"
+    cfg = SimConfig(cost=preset("llama3-8b-h100"))
+    assert cfg.cost is PRESETS["llama3-8b-h100"]
 
 
 def test_field_default_and_renamed() -> None:

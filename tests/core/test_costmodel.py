@@ -87,7 +87,7 @@ def test_prefill_mfu_knob() -> None:
     with pytest.raises(InvalidInput, match="prefill_mfu=0"):
         c.with_prefill_mfu(0.0)
     with pytest.raises(InvalidInput, match=r"prefill_mfu=0\.4"):
-        preset("tiny-cpu").with_prefill_mfu(0.4)
+        c.with_(prefill=PolynomialPrefill(0.01, 1e-5, 0.0, 0.0)).with_prefill_mfu(0.4)
 
 
 def test_polynomial_fit_recovers_coefficients() -> None:

@@ -15,7 +15,12 @@ from conductor.core.types import InstanceId, RequestId
 from conductor.sim import SimConfig, simulate
 from conductor.sim.perturb import EngineCost
 from conductor.sim.simulator import _Simulation
-from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
+from conductor.workload.trace import (
+    bundled_trace_path,
+    generated_tokens,
+    read_trace,
+    records_to_requests,
+)
 
 COST = preset("llama3-70b-a800x8")
 
@@ -56,13 +61,15 @@ def test_bad_values_are_refused() -> None:
         SimConfig(cost_bias=-1.0)
 
 
-def _requests(n: int) -> list:  # type: ignore[type-arg]
-    return records_to_requests(read_trace(bundled_trace_path(), limit=n).records)
+def _requests(n: int) -> tuple[list, list[int]]:  # type: ignore[type-arg]
+    records = read_trace(bundled_trace_path(), limit=n).records
+    return records_to_requests(records), generated_tokens(records)
 
 
 def test_the_scheduler_learns_a_uniform_bias_exactly() -> None:
     cfg = SimConfig(policy="mooncake", n_prefill=2, n_decode=2, cost_bias=0.3)
-    sim = _Simulation(_requests(300), cfg)
+    requests, outputs = _requests(300)
+    sim = _Simulation(requests, cfg, outputs)
     sim.run(None)
     c = sim.scheduler.correction
     for i in range(2):
@@ -72,24 +79,25 @@ def test_the_scheduler_learns_a_uniform_bias_exactly() -> None:
 
 
 def test_exact_engines_leave_the_scheduler_uncorrected() -> None:
-    requests = _requests(300)
-    sim = _Simulation(requests, SimConfig(policy="mooncake", n_prefill=2, n_decode=2))
+    requests, outputs = _requests(300)
+    sim = _Simulation(requests, SimConfig(policy="mooncake", n_prefill=2, n_decode=2), outputs)
     sim.run(None)
     assert sim.scheduler.cost is COST
-    on = simulate(requests, SimConfig(policy="conductor", n_prefill=2, n_decode=2)).summary
+    on_cfg = SimConfig(policy="conductor", n_prefill=2, n_decode=2)
+    on = simulate(requests, on_cfg, outputs=outputs).summary
     off_cfg = SimConfig(
         policy="conductor",
         n_prefill=2,
         n_decode=2,
         scheduler=SchedulerConfig(cost_correction=False),
     )
-    off = simulate(requests, off_cfg).summary
+    off = simulate(requests, off_cfg, outputs=outputs).summary
     for key in ("ttft_s", "tbt_ms", "slo_attainment", "rejected", "goodput_rps"):
         assert on[key] == off[key], key
 
 
 def test_correction_lowers_the_ttft_error_of_slow_engines() -> None:
-    requests = records_to_requests(read_trace(bundled_trace_path(), limit=1500).records)
+    requests, outputs = _requests(1500)
     runs = {}
     for correction in (True, False):
         cfg = SimConfig(
@@ -100,7 +108,7 @@ def test_correction_lowers_the_ttft_error_of_slow_engines() -> None:
             cost_error=0.2,
             scheduler=SchedulerConfig(cost_correction=correction),
         )
-        res = simulate(requests, cfg)
+        res = simulate(requests, cfg, outputs=outputs)
         late = [r for r in res.records[500:] if r.ttft_s is not None and r.predicted_ttft_s]
         runs[correction] = statistics.fmean(
             abs(math.log(r.ttft_s / r.predicted_ttft_s))

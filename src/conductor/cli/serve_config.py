@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conductor.cli.cost_source import read_cost_file
 from conductor.cli.fields import field_default, renamed
 from conductor.core.checks import check_choice, check_positive
 from conductor.core.config import SchedulerConfig
@@ -44,8 +45,9 @@ class ServeOptions:
 
     ``model_name`` None: the model folder's name; ``max_model_len`` None: the model's
     ``config.json``; ``admission`` None: the policy's own; ``preset``: a
-    :data:`~conductor.core.costmodel.PRESETS` name (``tiny-cpu`` for the tests' CPU model),
-    recalibrated by ``prefill_tokens_per_s`` / ``decode_step_ms`` when given. Invariant:
+    :data:`~conductor.core.costmodel.PRESETS` name, or ``cost_file``: a file ``conductor
+    profile`` wrote (not both); either recalibrated by ``prefill_tokens_per_s`` /
+    ``decode_step_ms`` when given. Invariant:
     ``policy`` is registered, ``preset`` exists, ``log_level`` is one of :data:`LOG_LEVELS`.
     """
 
@@ -55,6 +57,7 @@ class ServeOptions:
     policy: str = DEFAULT_POLICY
     admission: str | None = None
     preset: str = DEFAULT_PRESET
+    cost_file: str | None = None
     prefill_tokens_per_s: float | None = None
     decode_step_ms: float | None = None
     log_level: str = "info"
@@ -89,6 +92,7 @@ KEYS: dict[str, Key] = {
     "policy": Key(ServeOptions, "policy"),
     "admission": Key(ServeOptions, "admission"),
     "preset": Key(ServeOptions, "preset"),
+    "cost_file": Key(ServeOptions, "cost_file"),
     "prefill_tokens_per_s": Key(ServeOptions, "prefill_tokens_per_s"),
     "decode_step_ms": Key(ServeOptions, "decode_step_ms"),
     "ttft_slo_s": Key(SchedulerConfig, "ttft_slo_s"),
@@ -305,6 +309,18 @@ def _engines(
     return tuple(engines)
 
 
+def _cost(v: _Values, options: ServeOptions) -> CostModel:
+    """The preset, or the cost file (``cost_file`` and an explicit ``preset`` exclude each
+    other)."""
+    if options.cost_file is None:
+        return preset(options.preset)
+    if v.where("preset") != "preset":
+        raise InvalidInput(
+            "cost_file", options.cost_file, f"excludes {v.where('preset')}; give one of them"
+        )
+    return read_cost_file(Path(options.cost_file), "cost_file").cost
+
+
 def _build(
     v: _Values, toml_engines: list[Mapping[str, object]], engine_specs: list[str]
 ) -> ServeSettings:
@@ -331,12 +347,13 @@ def _build(
         policy=v.str_("policy"),
         admission=v.opt_str("admission"),
         preset=v.str_("preset"),
+        cost_file=v.opt_str("cost_file"),
         prefill_tokens_per_s=v.opt_float("prefill_tokens_per_s"),
         decode_step_ms=v.opt_float("decode_step_ms"),
         log_level=v.str_("log_level").lower(),
     )
     cost = with_overrides(
-        preset(options.preset),
+        _cost(v, options),
         prefill_tokens_per_s=options.prefill_tokens_per_s,
         decode_step_ms=options.decode_step_ms,
     )

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from conductor.cli.cost_source import CostFileOpt, cost_from_options
 from conductor.cli.fields import config_error
 from conductor.cli.sim_options import (
     DEFAULT_TBT_SLO_MS,
@@ -48,6 +49,7 @@ from conductor.cli.sim_options import (
     footing,
     load_requests,
     parse_max_tokens,
+    print_extras,
 )
 from conductor.core.costmodel import DEFAULT_PRESET
 from conductor.core.errors import InvalidInput
@@ -118,11 +120,13 @@ def print_table(results: list[dict[str, Any]]) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate_cmd(
+        ctx: typer.Context,
         trace: TraceOpt = None,
         policy: Annotated[str | None, typer.Option("--policy", help="scheduling policy")] = None,
         prefill: PrefillOpt = DEFAULTS.n_prefill,
         decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
+        cost_file: CostFileOpt = None,
         ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
         tbt_slo_ms: TbtOpt = DEFAULT_TBT_SLO_MS,
         speed: SpeedOpt = 1.0,
@@ -163,12 +167,13 @@ def register(app: typer.Typer) -> None:
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
             kv_block_tokens=kv_block_tokens, long_prefill_tokens=long_prefill_tokens,
             cost_error=cost_error, cost_bias=cost_bias, correction=correction,
+            cost=cost_from_options(ctx, cost_file),
         )  # fmt: skip
         cfg = build_config(options, name, load_plot=load_plot is not None)
         res = _run(requests, outputs, cfg)
         res.summary["max_tokens"] = str(mt)
         print_table([res.summary])
-        _print_extras(res.summary)
+        print_extras(res.summary)
         if json_path is not None:
             write_json(json_path, res.summary)
         if load_plot is not None:
@@ -177,6 +182,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("compare")
     def compare_cmd(
+        ctx: typer.Context,
         trace: TraceOpt = None,
         policies: Annotated[
             str | None, typer.Option("--policies", help="comma-separated policy names")
@@ -184,6 +190,7 @@ def register(app: typer.Typer) -> None:
         prefill: PrefillOpt = DEFAULTS.n_prefill,
         decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
+        cost_file: CostFileOpt = None,
         ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
         tbt_slo_ms: TbtOpt = DEFAULT_TBT_SLO_MS,
         speed: SpeedOpt = 1.0,
@@ -247,6 +254,7 @@ def register(app: typer.Typer) -> None:
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
             kv_block_tokens=kv_block_tokens, long_prefill_tokens=long_prefill_tokens,
             cost_error=cost_error, cost_bias=cost_bias, correction=correction,
+            cost=cost_from_options(ctx, cost_file),
         )  # fmt: skip
         results: list[SimResult] = []
         for row in footing(names, modes, cpp, bundle=bundle):
@@ -268,6 +276,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("capacity")
     def capacity_cmd(
+        ctx: typer.Context,
         trace: TraceOpt = None,
         policies: Annotated[
             str | None, typer.Option("--policies", help="comma-separated policy names")
@@ -278,6 +287,7 @@ def register(app: typer.Typer) -> None:
         prefill: PrefillOpt = DEFAULTS.n_prefill,
         decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
+        cost_file: CostFileOpt = None,
         ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
         target: Annotated[float, typer.Option("--target", help="SLO attainment to sustain")] = 0.9,
         limit: LimitOpt = None,
@@ -332,6 +342,7 @@ def register(app: typer.Typer) -> None:
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
             kv_block_tokens=kv_block_tokens, long_prefill_tokens=long_prefill_tokens,
             cost_error=cost_error, cost_bias=cost_bias, correction=correction,
+            cost=cost_from_options(ctx, cost_file),
         )  # fmt: skip
         out: list[dict[str, Any]] = []
         for line in footing(names, [admission], cpp, bundle=bundle):
@@ -358,18 +369,6 @@ def register(app: typer.Typer) -> None:
         _print_capacity(out, thresholds)
         if json_path is not None:
             write_json(json_path, out)
-
-
-def _print_extras(summary: dict[str, Any]) -> None:
-    by = summary["ttft_by_prompt_s"]
-    parts = [
-        f"{k}: {v['mean']:.2f}s" if v["mean"] is not None else f"{k}: -" for k, v in by.items()
-    ]
-    typer.echo(
-        f"mean TTFT by prompt length: {', '.join(parts)}; CPP requests: {summary['cpp_requests']};"
-        f" wasted prefill: {summary['wasted_prefill_s']:.0f}s;"
-        f" preemptions: {summary['preemptions']}"
-    )
 
 
 def _span(requests: list[Request]) -> float:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from conductor.cli.fields import config_error
 from conductor.core.config import SchedulerConfig
-from conductor.core.costmodel import PRESETS, preset
+from conductor.core.costmodel import PRESETS, CostModel, preset
 from conductor.core.errors import ConductorError, InvalidInput
 from conductor.core.policies import check_policy, policy_config_defaults
 from conductor.core.types import Request
@@ -28,6 +28,7 @@ from conductor.workload.trace import (
     read_trace,
     records_to_requests,
 )
+from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS
 
 DEFAULTS = SimConfig()
 """The defaults of every option that sets a :class:`SimConfig` field."""
@@ -180,6 +181,7 @@ def load_requests(
     speed: float,
     skip_invalid: bool,
     max_tokens: MaxTokens = NO_MAX_TOKENS,
+    block_size_tokens: int = DEFAULT_BLOCK_SIZE_TOKENS,
 ) -> tuple[list[Request], list[int]]:
     """The trace's requests (with ``max_tokens`` as ``--max-tokens`` says) and the number
     of tokens each will really generate (the simulator's ground truth)."""
@@ -191,12 +193,16 @@ def load_requests(
     if not path.exists():
         raise typer.BadParameter(f"no such file: {path}", param_hint="--trace")
     try:
-        result = read_trace(path, limit=limit, skip_invalid=skip_invalid)
+        result = read_trace(
+            path, limit=limit, skip_invalid=skip_invalid, block_size_tokens=block_size_tokens
+        )
         if result.skipped:
             typer.echo(f"skipped {len(result.skipped)} invalid line(s)", err=True)
         if not result.records:
             raise fail(f"trace {path} has no valid requests")
-        requests = records_to_requests(result.records, speed=speed, max_tokens=max_tokens)
+        requests = records_to_requests(
+            result.records, speed=speed, max_tokens=max_tokens, block_size_tokens=block_size_tokens
+        )
         return requests, generated_tokens(result.records, max_tokens)
     except ConductorError as exc:
         raise fail(f"{path}: {exc}") from None
@@ -272,6 +278,8 @@ class ClusterOptions:
     cost_error: float = DEFAULTS.cost_error
     cost_bias: float = DEFAULTS.cost_bias
     correction: bool = DEFAULTS.scheduler.cost_correction
+    cost: CostModel | None = None
+    """From ``--cost-file``; None: the preset ``preset_name``."""
 
 
 def build_config(
@@ -312,7 +320,7 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         n_decode=o.decode,
         n_both=o.both,
         engine=engine,
-        cost=preset(o.preset_name),
+        cost=o.cost if o.cost is not None else preset(o.preset_name),
         scheduler=sched,
         cache_capacity_tokens=None
         if o.unbounded
@@ -324,4 +332,17 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         oracle_lengths=o.oracle_lengths,
         load_sample_every_s=LOAD_SAMPLE_EVERY_S if load_plot else 0.0,
         replica_sample_every_s=REPLICA_SAMPLE_EVERY_S if load_plot else 0.0,
+    )
+
+
+def print_extras(summary: dict[str, Any]) -> None:
+    """The one-line extras ``simulate`` prints under its table."""
+    by = summary["ttft_by_prompt_s"]
+    parts = [
+        f"{k}: {v['mean']:.2f}s" if v["mean"] is not None else f"{k}: -" for k, v in by.items()
+    ]
+    typer.echo(
+        f"mean TTFT by prompt length: {', '.join(parts)}; CPP requests: {summary['cpp_requests']};"
+        f" wasted prefill: {summary['wasted_prefill_s']:.0f}s;"
+        f" preemptions: {summary['preemptions']}"
     )

@@ -58,7 +58,6 @@ from conductor.core.errors import InvalidInput
 from conductor.core.shapes import (
     A100X8,
     A800X8,
-    CPU_2CORE,
     H100X1,
     H100X8,
     H200X1,
@@ -66,7 +65,6 @@ from conductor.core.shapes import (
     LLAMA2_70B,
     LLAMA3_8B,
     LLAMA3_70B,
-    TINY_LLAMA,
     HardwareSpec,
     ModelSpec,
 )
@@ -154,14 +152,6 @@ KV_READ_BANDWIDTH_EFFICIENCY = 0.6
 """Calibration: the fraction of HBM bandwidth a decode step's KV read gets (the low end of the
 reference's 60-80%; not identifiable from Splitwise's short-context steps)."""
 
-# tiny-cpu, measured with vLLM 0.32 (CPU) on 2 cores, random prompts, max_tokens 1 / 65,
-# ignore_eos: prefill 16 tok ~11 ms, 512 tok ~18 ms, 1024 tok ~40 ms, 1900 tok ~51 ms; decode
-# step ~2.4 ms at 16 context tokens, ~3.8 ms at 1024 (docs/gateway.md).
-TINY_CPU_PREFILL_TOKENS_PER_S = 30_000.0
-TINY_CPU_PREFILL_OVERHEAD_S = 0.010
-TINY_CPU_DECODE_STEP_MS = 2.4
-TINY_CPU_DECODE_S_PER_CONTEXT_TOKEN = 1.3e-6
-
 
 def _kv_capacity(model: ModelSpec, hw: HardwareSpec, usable: float = 0.9) -> int:
     free = hw.gpus * hw.hbm_bytes_per_gpu * usable - model.weight_bytes
@@ -243,24 +233,10 @@ PRESETS: dict[str, CostModel] = {
     "llama3-8b-h200": _blis_roofline(
         "llama3-8b-h200", LLAMA3_8B, H200X1, (0.008, 0.0023), "H200 HBM 4.8 TB/s"
     ),
-    # Prefill T = overhead + new_tokens / rate; a decode step of a few milliseconds.
-    "tiny-cpu": CostModel(
-        name="tiny-cpu",
-        model=TINY_LLAMA,
-        hardware=CPU_2CORE,
-        prefill=PolynomialPrefill(
-            TINY_CPU_PREFILL_OVERHEAD_S, 1.0 / TINY_CPU_PREFILL_TOKENS_PER_S, 0.0, 0.0
-        ),
-        decode=LinearDecode(
-            TINY_CPU_DECODE_STEP_MS / 1e3, 1e-4, TINY_CPU_DECODE_S_PER_CONTEXT_TOKEN
-        ),
-        transfer_bytes_per_s=CPU_2CORE.nic_bytes_per_s,
-        kv_capacity_tokens=int(CPU_2CORE.hbm_bytes_per_gpu) // TINY_LLAMA.kv_bytes_per_token,
-        max_batch_size=256,
-        source="measured: vLLM 0.32 CPU backend, tiny model, 2 cores (docs/gateway.md)",
-    ),
 }
-"""The one table of cost-model presets: the simulator, the gateway and the emulator read it."""
+"""The one table of cost-model presets: the simulator, the gateway and the emulator read it.
+A measured engine is not a preset: ``conductor profile`` writes its cost file and every shell
+reads it with ``--cost-file`` (:mod:`conductor.core.cost_file`)."""
 DEFAULT_PRESET = "llama3-70b-a800x8"
 """The simulator's (and ``conductor serve``'s) preset: the paper's setup."""
 

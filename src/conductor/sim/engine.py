@@ -24,15 +24,15 @@ scheduler's nominal model, scaled by ``1 + cost_bias`` and each request's job fa
 computed, and ``F = P(1, 0)`` its fixed per-pass part, a chunk of ``c`` tokens after ``e``
 earlier ones (cached or computed in earlier steps) adds ``P(e + c, e) - F``; the step costs
 the decode model's ``step(B, sum_ctx)`` for its ``B`` decoding requests when ``B > 0`` (its
-fixed part covers the pass) else ``F``, plus its chunks. A prompt alone thus takes ``P(e + c, e)`` per
-step: unchunked exactly ``P(N, e)``; chunked, about one fixed per-pass overhead per extra
-step more. With a perturbed engine cost a chunk's part is multiplied by its request's
-factor, the decode part by the mean factor of the decoding requests, ``F`` (in a step without
-decodes) by the chunks' mean factor, and the step by ``1 + cost_bias``. Every
+fixed part covers the pass) else ``F``, plus its chunks. A prompt alone thus takes ``P(e +
+c, e)`` per step: unchunked exactly ``P(N, e)``; chunked, about one fixed per-pass overhead
+per extra step more. With a perturbed engine cost a chunk's part is multiplied by its
+request's factor, the decode part by the mean factor of the decoding requests, ``F`` (in a
+step without decodes) by the chunks' mean factor, and the step by ``1 + cost_bias``. Every
 ``REPORT_EVERY_STEPS`` steps without prefill chunks an engine reports their statistics
-(``DecodeStepsObserved``) to the scheduler, the input of its decode-cost correction.
-A chunked-pipeline stage (``Seq.exclusive_s``) runs alone, once nothing else is running,
-for its planned time; waiting requests behind it wait (FCFS).
+(``DecodeStepsObserved``) to the scheduler, the input of its decode-cost correction. A
+chunked-pipeline stage (``Seq.exclusive_s``) runs alone, once nothing else is running, for
+its planned time; waiting requests behind it wait (FCFS).
 
 The step that computes a prompt's last token emits a token (the first, or after a
 recompute the next one); a decoding request emits one per step. Only the step's requests
@@ -345,6 +345,7 @@ class EngineLoop:
                 if f is None:
                     continue  # preempted since
                 e.ctx -= f.tok0 + 2 + k - f.step0
+                e.fsum -= f.factor
                 self.segments[f.index].append((e, f.seg_first, k))
                 f.order = 0
                 self.on_finished(t, e, f)
