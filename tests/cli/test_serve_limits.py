@@ -38,7 +38,7 @@ def test_defaults_come_from_the_config_dataclasses() -> None:
 
 def test_set_toml_and_flag_precedence(model_dir: Path, tmp_path: Path) -> None:
     toml = tmp_path / "gw.toml"
-    toml.write_text('[gateway]\nmax_headers = 50\nhead_timeout_s = 3.5\nmax_connections = 7\n')
+    toml.write_text("[gateway]\nmax_headers = 50\nhead_timeout_s = 3.5\nmax_connections = 7\n")
     settings = build_settings(
         {"model_path": str(model_dir), "max_connections": 9},
         [ENGINE],
@@ -59,8 +59,7 @@ def test_set_toml_and_flag_precedence(model_dir: Path, tmp_path: Path) -> None:
         (["head_timeout_s"], "invalid set='head_timeout_s': must be key=value"),
         (
             ['allowed_template_kwargs=["chat_template"]'],
-            "invalid --set allowed_template_kwargs='chat_template': a client template is "
-            "never run",
+            "invalid --set allowed_template_kwargs='chat_template': a client template is never run",
         ),
     ],
 )
