@@ -25,7 +25,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model_dir(tmp_path_factory.mktemp("reliability") / "model")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gateway_cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with cluster(tmp_path_factory.mktemp("logs"), model_dir) as c:
         yield c

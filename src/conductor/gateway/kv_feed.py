@@ -308,7 +308,14 @@ class KvFeed:
             await self._fill(check, batch)
         elif check.verdict is SeqVerdict.RESTART:
             log.info("engine %s: KV event stream restarted (seq %d)", self.ingest.holder, batch.seq)
-        await self._apply(batch, check)
+        try:
+            await self._apply(batch, check)
+        except Exception as exc:  # a decodable but nonsensical batch: counted, never fatal
+            self.stats.decode_errors += 1
+            self.needs_resync = True
+            log.warning(
+                "engine %s: KV batch %d not applicable: %r", self.ingest.holder, batch.seq, exc
+            )
 
     async def _apply(self, batch: EngineEventBatch, check: SeqCheck) -> None:
         """Apply ``batch``; a big one slice by slice, the loop getting a turn in between."""

@@ -33,6 +33,8 @@ def decode_message(frames: Sequence[bytes]) -> EngineEventBatch | WireError:
         return decode_frames(frames)
     except WireError as exc:
         return exc
+    except Exception as exc:  # whatever reaches the port: never let it end the subscription
+        return WireError(f"undecodable message: {exc!r}"[:300])
 
 
 class VllmEventSocket:
