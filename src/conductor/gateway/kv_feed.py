@@ -308,6 +308,12 @@ class KvFeed:
             await self._fill(check, batch)
         elif check.verdict is SeqVerdict.RESTART:
             log.info("engine %s: KV event stream restarted (seq %d)", self.ingest.holder, batch.seq)
+            if batch.seq > 0 and self.source.can_replay:
+                # the restarted engine's first batches went by before we reconnected: clear,
+                # replay them from 0, then this batch in order
+                self._put_all(self.ingest.apply(replace(batch, events=()), check))
+                await self._fill(SeqCheck(SeqVerdict.FIRST, batch.seq), batch)
+                check = SeqCheck(SeqVerdict.IN_ORDER, batch.seq, batch.seq)
         try:
             await self._apply(batch, check)
         except Exception as exc:  # a decodable but nonsensical batch: counted, never fatal
