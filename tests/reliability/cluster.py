@@ -21,13 +21,18 @@ MODEL = "tiny"
 BLOCK = 16
 MAX_MODEL_LEN = 2048
 ADMIN_TOKEN = "reliability-admin-token"
-PRESET = "llama3-8b-h100"
+PRESET = "tiny-cpu"
+"""Gateway and engines share one cost model, so the scheduler's TBT predictions are the
+engines' real step times: capacity is what meets TBT_SLO_MS."""
+TBT_SLO_MS = 6.0
+"""tiny-cpu's decode step is 2.4 ms + 0.1 ms per running request + 1.3 us per context token:
+about 10 requests of 200 output tokens per engine."""
 GATEWAY_LIMITS = {
     # tight enough that the suite sees each limit act within seconds
-    "head_timeout_s": "1.0",
-    "body_timeout_s": "1.0",
+    "head_timeout_s": "2.0",
+    "body_timeout_s": "2.0",
     "keep_alive_s": "5.0",
-    "max_connections": "64",
+    "max_connections": "256",
 }
 
 
@@ -146,7 +151,7 @@ def engine_proc(i: int, http: int, kv: int, replay: int, model_dir: Path, logs: 
         "emulate", "--port", str(http), "--kv-events-port", str(kv), "--replay-port",
         str(replay), "--model", MODEL, "--model-path", str(model_dir), "--block-size",
         str(BLOCK), "--max-model-len", str(MAX_MODEL_LEN), "--preset", PRESET,
-        "--engine-id", f"e{i}", "--max-batch-size", "8", "--cache-blocks", "2048",
+        "--engine-id", f"e{i}", "--cache-blocks", "4096",
     )  # fmt: skip
     return Proc(f"engine-{i}", args, f"http://127.0.0.1:{http}", logs / f"engine-{i}.log")
 
@@ -172,7 +177,8 @@ def cluster(
     args = conductor(
         "serve", *specs, "--model-path", str(model_dir), "--model-name", MODEL,
         "--block-size", str(BLOCK), "--max-model-len", str(MAX_MODEL_LEN), "--port", str(port),
-        "--preset", PRESET, "--admin-token", ADMIN_TOKEN, "--health-interval-s", "0.3",
+        "--preset", PRESET, "--tbt-slo-ms", str(TBT_SLO_MS), "--admin-token", ADMIN_TOKEN,
+        "--health-interval-s", "0.3",
         "--read-timeout-s", "2", "--request-timeout-s", "20", "--log-level", "warning",
         *sets, *extra,
     )  # fmt: skip

@@ -119,7 +119,7 @@ async def test_a_trickling_head_gets_408_at_its_deadline() -> None:
 
 
 async def test_a_slow_body_gets_408_and_a_silent_connection_is_closed() -> None:
-    limits = ServerLimits(body_timeout_s=0.2, head_timeout_s=0.2)
+    limits = ServerLimits(body_timeout_s=0.2, head_timeout_s=0.2, keep_alive_s=0.2)
     async with running(router(), limits=limits) as server:
         slow = await exchange(
             server.port, b"POST /echo HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\n\r\nabc"

@@ -72,6 +72,7 @@ class HttpProtocol(Responder, asyncio.Protocol):
         self.received_any = False
         self.timer: asyncio.TimerHandle | None = None
         self.timer_kind = ""
+        self.timer_gen = 0
         self.final_error: tuple[int, str, dict[str, str] | None] | None = None
         self.broken = False
         """No more requests are read (a parse error, a limit, a deadline)."""
@@ -100,7 +101,9 @@ class HttpProtocol(Responder, asyncio.Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         server.connections.add(self)
-        self._arm("head", self.limits.head_timeout_s)  # the first head: from the connection
+        # idle until its first byte (as between requests; a starved client may connect
+        # well before it writes), then the head deadline runs from that byte
+        self._arm("idle", self.limits.keep_alive_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -355,16 +358,27 @@ class HttpProtocol(Responder, asyncio.Protocol):
     def _arm(self, kind: str, delay_s: float) -> None:
         self._disarm()
         self.timer_kind = kind
-        self.timer = self.loop.call_later(delay_s, self._expired)
+        self.timer = self.loop.call_later(delay_s, self._expired, self.timer_gen, 2)
 
     def _disarm(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
         self.timer_kind = ""
+        self.timer_gen += 1
 
-    def _expired(self) -> None:
-        kind, self.timer, self.timer_kind = self.timer_kind, None, ""
+    def _expired(self, gen: int, hops: int) -> None:
+        """A deadline passed. Acted on after the loop polled for input once more (libuv runs
+        timers, then ``call_soon`` callbacks, then polls: two hops), so bytes that arrived
+        while the loop was stalled are read first; re-arming meanwhile voids it (``gen``)."""
+        if gen != self.timer_gen:
+            return
+        if hops:
+            self.loop.call_soon(self._expired, gen, hops - 1)
+            return
+        kind = self.timer_kind
+        self.timer = None
+        self.timer_kind = ""
         if self.transport is None or self.closed or self.broken:
             return
         if kind == "idle" or (kind == "head" and not self.received_any):

@@ -19,9 +19,9 @@ class ServerLimits:
 
     A request head over ``max_header_bytes`` (request line and headers) or with more than
     ``max_headers`` header lines gets 431; a head not complete ``head_timeout_s`` after its
-    first byte (for a new connection: after the connection opened) gets 408, and so does a
-    body not complete ``body_timeout_s`` after its head. A connection is kept open
-    ``keep_alive_s`` while idle only: received bytes never extend a deadline. Beyond
+    first byte gets 408, and so does a body not complete ``body_timeout_s`` after its head.
+    A connection is kept open ``keep_alive_s`` while idle only (before its first request
+    and between requests): received bytes never extend a deadline. Beyond
     ``max_connections`` open connections, a new one is answered 503 and closed.
     Every answer above closes the connection."""
 
