@@ -1,6 +1,7 @@
 """Soak: ``conductor serve`` before two emulated engines under steady streamed load mixed
 with hostile requests, for a bounded time; reports the gateway's RSS and open fds over time
-and their growth per hour (least-squares slope after a warm-up).
+and their growth per hour (least-squares slope after a warm-up, and once the prefix index
+has filled: it grows, bounded, until the engines' caches are full).
 
 The cluster is the reliability suite's (tests/reliability/cluster.py: the tiny-cpu cost
 model, tight limits). The hostile mix, every ``--hostile-every-s``: 120 duplicate headers
@@ -47,6 +48,16 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float:
         return 0.0
     cov = sum((t - mt) * (v - mv) for t, v in points)
     return cov / var * 3600.0
+
+
+def indexed_blocks(url: str) -> float:
+    """The prefix index's size over all engines (it grows until the engines' caches fill)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("conductor_engine_indexed_blocks{")
+    )
 
 
 def hostile_round(url: str, counts: Counter[str]) -> None:
@@ -135,6 +146,7 @@ def main() -> int:
                         "t_s": now - t0,
                         "rss_mib": c.gateway.rss_bytes() / 2**20,
                         "fds": c.gateway.fds(),
+                        "indexed_blocks": indexed_blocks(c.url),
                     }
                 )
                 next_sample += args.sample_s
@@ -143,6 +155,8 @@ def main() -> int:
         time.sleep(3)  # let idle and lingering connections close
         final = {"rss_mib": c.gateway.rss_bytes() / 2**20, "fds": c.gateway.fds()}
     steady = [s for s in samples if s["t_s"] >= args.warmup_s]
+    full_at = 0.95 * max(s["indexed_blocks"] for s in samples)
+    full = [s for s in steady if s["indexed_blocks"] >= full_at]
     report = {
         "minutes": args.minutes,
         "concurrency": args.concurrency,
@@ -152,6 +166,9 @@ def main() -> int:
         "rss_mib_after_warmup": steady[0]["rss_mib"] if steady else None,
         "rss_mib_last": samples[-1]["rss_mib"],
         "rss_mib_per_hour": slope_per_hour([(s["t_s"], s["rss_mib"]) for s in steady]),
+        "indexed_blocks_last": samples[-1]["indexed_blocks"],
+        "index_full_from_s": full[0]["t_s"] if full else None,
+        "rss_mib_per_hour_index_full": slope_per_hour([(s["t_s"], s["rss_mib"]) for s in full]),
         "fds_first": samples[0]["fds"],
         "fds_max": max(s["fds"] for s in samples),
         "fds_final": final["fds"],
