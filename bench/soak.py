@@ -119,6 +119,9 @@ def main() -> int:
     ap.add_argument("--sample-s", type=float, default=5.0)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--hostile-every-s", type=float, default=2.0)
+    ap.add_argument(
+        "--cache-blocks", type=int, default=512, help="per engine (small: the index fills fast)"
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     if not 0 < args.minutes <= MAX_MINUTES:
@@ -128,7 +131,7 @@ def main() -> int:
     outcomes: Counter[str] = Counter()
     hostile: Counter[str] = Counter()
     samples: list[dict[str, float]] = []
-    with cluster(work, model_dir) as c:
+    with cluster(work, model_dir, cache_blocks=args.cache_blocks) as c:
         t0 = time.monotonic()
         until = t0 + args.minutes * 60
         loader = threading.Thread(
@@ -160,6 +163,7 @@ def main() -> int:
     report = {
         "minutes": args.minutes,
         "concurrency": args.concurrency,
+        "cache_blocks_per_engine": args.cache_blocks,
         "requests": dict(outcomes),
         "hostile": dict(sorted(hostile.items())),
         "rss_mib_first": samples[0]["rss_mib"],

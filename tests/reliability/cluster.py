@@ -146,26 +146,32 @@ def make_model_dir(path: Path) -> Path:
     return path
 
 
-def engine_proc(i: int, http: int, kv: int, replay: int, model_dir: Path, logs: Path) -> Proc:
+def engine_proc(
+    i: int, http: int, kv: int, replay: int, model_dir: Path, logs: Path, cache_blocks: int
+) -> Proc:
     args = conductor(
         "emulate", "--port", str(http), "--kv-events-port", str(kv), "--replay-port",
         str(replay), "--model", MODEL, "--model-path", str(model_dir), "--block-size",
         str(BLOCK), "--max-model-len", str(MAX_MODEL_LEN), "--preset", PRESET,
-        "--engine-id", f"e{i}", "--cache-blocks", "4096",
+        "--engine-id", f"e{i}", "--cache-blocks", str(cache_blocks),
     )  # fmt: skip
     return Proc(f"engine-{i}", args, f"http://127.0.0.1:{http}", logs / f"engine-{i}.log")
 
 
 @contextlib.contextmanager
 def cluster(
-    logs: Path, model_dir: Path, n_engines: int = 2, extra: Sequence[str] = ()
+    logs: Path,
+    model_dir: Path,
+    n_engines: int = 2,
+    extra: Sequence[str] = (),
+    cache_blocks: int = 4096,
 ) -> Iterator[Cluster]:
     """``n_engines`` emulated engines (role both, KV events with replay) and ``conductor
     serve`` in front of them with the suite's tight limits; all stopped at the end."""
     engines, kv_ports, specs = [], [], []
     for i in range(n_engines):
         http, kv, replay = free_ports(3)
-        engines.append(engine_proc(i, http, kv, replay, model_dir, logs))
+        engines.append(engine_proc(i, http, kv, replay, model_dir, logs, cache_blocks))
         kv_ports.append(kv)
         specs += [
             "--engine",
