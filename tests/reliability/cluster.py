@@ -193,9 +193,9 @@ def cluster(
     try:
         for e in engines:
             e.start()
-        gateway.start()
-        for e in engines:
+        for e in engines:  # (so that no engine starts its life marked unhealthy)
             e.wait_ready()
+        gateway.start()
         gateway.wait_ready("/ready")
         yield c
     finally:
