@@ -57,6 +57,7 @@ def test_check_prints_the_resolved_configuration(model_dir: Path) -> None:
             "block_size": 32,
             "topic": "",
             "kind": "vllm",
+            "max_blocks": None,
         },
         {
             "id": "dec",
@@ -68,6 +69,7 @@ def test_check_prints_the_resolved_configuration(model_dir: Path) -> None:
             "block_size": 32,
             "topic": "",
             "kind": "vllm",
+            "max_blocks": None,
         },
     ]
 
@@ -151,7 +153,7 @@ def test_admin_token_from_environment(model_dir: Path) -> None:
         (
             ["--engine", "http://h:1,role=both,colour=red"],
             "invalid engines[0].colour='red': unknown key; known: ('id', 'url', 'role', "
-            "'kv_events', 'replay', 'model', 'block_size', 'topic', 'kind')",
+            "'kv_events', 'replay', 'model', 'block_size', 'topic', 'kind', 'max_blocks')",
         ),
         (
             ["--engine", "http://h:1,both"],

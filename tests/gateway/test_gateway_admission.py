@@ -65,6 +65,7 @@ async def test_no_schedulable_engine_is_503_with_retry_after() -> None:
     async with client_for(gw) as client:
         resp = await client.post("/v1/completions", json={"model": "tiny", "prompt": "hello"})
         health = await client.get("/health")
+        ready = await client.get("/ready")
     assert resp.status_code == 503
     assert resp.headers["retry-after"] == "1"
     assert resp.json() == {
@@ -74,5 +75,15 @@ async def test_no_schedulable_engine_is_503_with_retry_after() -> None:
             "code": 503,
         }
     }
-    assert health.status_code == 503
-    assert health.json() == {"status": "unavailable", "engines": 1, "healthy_engines": 1}
+    # liveness stays 200 (a probe must not restart a gateway that has nothing to route to);
+    # readiness says it cannot route
+    assert health.status_code == 200
+    assert health.json() == {"status": "alive"}
+    assert ready.status_code == 503
+    assert ready.json() == {
+        "status": "unavailable",
+        "engines": 1,
+        "healthy_engines": 1,
+        "unhealthy": [],
+        "warnings": [],
+    }

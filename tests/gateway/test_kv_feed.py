@@ -162,3 +162,26 @@ def test_decode_replay_reads_both_reply_forms_and_the_end_marker() -> None:
         decode_replay([b"", b"x"], b"sub")
     with pytest.raises(WireError, match="negative sequence number -2"):
         decode_replay([b"", encode_seq(-2), payload], b"sub")
+
+
+def test_a_restart_seen_late_replays_the_restarted_engines_first_batches() -> None:
+    """The engine restarted and published seq 0 before we reconnected; its seq 1 reveals the
+    restart: the index is cleared, seq 0 replayed, then seq 1 applied (its parent known)."""
+    from conductor.core.events import AllBlocksCleared
+
+    live: list[EngineEventBatch | WireError] = [
+        batch(0, 0, ts=0.0),
+        batch(1, 1, ts=1.0),
+        batch(1, 1, ts=10.0),
+    ]
+    source = ScriptedSource(live, [batch(0, 0, ts=9.0), batch(1, 1, ts=10.0)])
+    feed, got = run(source, 5)
+    assert got == [
+        stored(0, 0),
+        stored(1, 1),
+        AllBlocksCleared(holder=E, tier=None, seq=1),
+        stored(0, 0),
+        stored(1, 1),
+    ]
+    assert source.replays == [0]
+    assert feed.stats.replays == 1 and not feed.needs_resync

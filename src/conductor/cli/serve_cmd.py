@@ -210,6 +210,18 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--log-level", help=f"debug|info|warning|error [{_default('log_level')}]"),
         ] = None,
+        max_connections: Annotated[
+            int | None,
+            typer.Option("--max-connections", help=f"[{_default('max_connections')}]"),
+        ] = None,
+        set_: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--set",
+                help="KEY=VALUE: any [gateway] key (limits, timeouts...), value in TOML "
+                "syntax; repeatable (docs/gateway.md lists the keys)",
+            ),
+        ] = None,
         check: Annotated[
             bool, typer.Option("--check", help="print the resolved configuration and exit")
         ] = False,
@@ -241,9 +253,10 @@ def register(app: typer.Typer) -> None:
             "load_interval_s": load_interval_s,
             "seed": seed,
             "log_level": log_level,
+            "max_connections": max_connections,
         }
         try:
-            settings = build_settings(cli, list(engine or []), config)
+            settings = build_settings(cli, list(engine or []), config, list(set_ or []))
         except ConductorError as exc:
             raise _fail(str(exc)) from None
         if check:

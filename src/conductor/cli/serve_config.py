@@ -5,6 +5,10 @@ Engines come from the TOML ``[[engines]]`` tables followed by each ``--engine`` 
 
     --engine http://10.0.0.5:8000,role=prefill,kv_events=tcp://10.0.0.5:5557,block_size=32
 
+Every ``[gateway]`` key can also be given as ``--set key=value`` (the value in TOML syntax:
+``--set max_headers=50``, ``--set 'allowed_template_kwargs=["enable_thinking"]'``); the
+most used ones have their own option as well.
+
 Each key's default is read off the config dataclass field it sets (:data:`KEYS`), and the
 dataclasses check the values: every problem raises
 :class:`~conductor.core.errors.InvalidInput` naming the option (``--port``) or TOML key
@@ -17,107 +21,34 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from conductor.cli.cost_source import read_cost_file
-from conductor.cli.fields import field_default, renamed
-from conductor.core.checks import check_choice, check_positive
+from conductor.cli.fields import renamed
+from conductor.cli.serve_keys import (
+    DEFAULTS,
+    FIELD_KEYS,
+    KEYS,
+    LOG_LEVELS,
+    Key,
+    ServeOptions,
+    parse_set,
+)
+from conductor.core.checks import check_positive
 from conductor.core.config import SchedulerConfig
-from conductor.core.costmodel import DEFAULT_PRESET, CostModel, preset
+from conductor.core.costmodel import CostModel, preset
 from conductor.core.errors import InvalidInput
-from conductor.core.policies import DEFAULT_POLICY, check_policy, policy_config_defaults
+from conductor.core.policies import policy_config_defaults
 from conductor.gateway.config import (
     EngineConfig,
     GatewayConfig,
     MonitorConfig,
+    RequestLimits,
     UpstreamConfig,
     engine_from_mapping,
 )
 from conductor.gateway.costs import with_overrides
 from conductor.gateway.tokenizer import read_max_model_len
-
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-
-
-@dataclass(frozen=True, slots=True)
-class ServeOptions:
-    """The options of ``conductor serve`` that no library config holds, with their defaults.
-
-    ``model_name`` None: the model folder's name; ``max_model_len`` None: the model's
-    ``config.json``; ``admission`` None: the policy's own; ``preset``: a
-    :data:`~conductor.core.costmodel.PRESETS` name, or ``cost_file``: a file ``conductor
-    profile`` wrote (not both); either recalibrated by ``prefill_tokens_per_s`` /
-    ``decode_step_ms`` when given. Invariant:
-    ``policy`` is registered, ``preset`` exists, ``log_level`` is one of :data:`LOG_LEVELS`.
-    """
-
-    model_path: str | None = None
-    model_name: str | None = None
-    max_model_len: int | None = None
-    policy: str = DEFAULT_POLICY
-    admission: str | None = None
-    preset: str = DEFAULT_PRESET
-    cost_file: str | None = None
-    prefill_tokens_per_s: float | None = None
-    decode_step_ms: float | None = None
-    log_level: str = "info"
-
-    def __post_init__(self) -> None:
-        check_policy(self.policy)
-        preset(self.preset)
-        check_choice("log_level", self.log_level, LOG_LEVELS)
-
-
-@dataclass(frozen=True, slots=True)
-class Key:
-    """A ``[gateway]`` key (and its option, dashes for underscores): the config field it
-    sets and the factor from the field's unit to the key's (``tbt_slo_ms``: 1000)."""
-
-    config: type[Any]
-    field: str
-    scale: float = 1.0
-
-    def default(self) -> object:
-        value = field_default(self.config, self.field)
-        if self.scale != 1.0 and isinstance(value, int | float):
-            return value * self.scale
-        return value
-
-
-KEYS: dict[str, Key] = {
-    "model_path": Key(ServeOptions, "model_path"),
-    "model_name": Key(ServeOptions, "model_name"),
-    "max_model_len": Key(ServeOptions, "max_model_len"),
-    "block_size": Key(EngineConfig, "block_size_tokens"),
-    "policy": Key(ServeOptions, "policy"),
-    "admission": Key(ServeOptions, "admission"),
-    "preset": Key(ServeOptions, "preset"),
-    "cost_file": Key(ServeOptions, "cost_file"),
-    "prefill_tokens_per_s": Key(ServeOptions, "prefill_tokens_per_s"),
-    "decode_step_ms": Key(ServeOptions, "decode_step_ms"),
-    "ttft_slo_s": Key(SchedulerConfig, "ttft_slo_s"),
-    "tbt_slo_ms": Key(SchedulerConfig, "tbt_slo_s", 1e3),
-    "seed": Key(SchedulerConfig, "seed"),
-    "host": Key(GatewayConfig, "host"),
-    "port": Key(GatewayConfig, "port"),
-    "admin_token": Key(GatewayConfig, "admin_token"),
-    "max_body_bytes": Key(GatewayConfig, "max_body_bytes"),
-    "connect_timeout_s": Key(UpstreamConfig, "connect_timeout_s"),
-    "read_timeout_s": Key(UpstreamConfig, "read_timeout_s"),
-    "request_timeout_s": Key(UpstreamConfig, "request_timeout_s"),
-    "max_attempts": Key(UpstreamConfig, "max_attempts"),
-    "kv_transfer_params": Key(UpstreamConfig, "kv_transfer_params"),
-    "health_interval_s": Key(MonitorConfig, "health_interval_s"),
-    "health_timeout_s": Key(MonitorConfig, "health_timeout_s"),
-    "load_interval_s": Key(MonitorConfig, "load_interval_s"),
-    "kv_queue_size": Key(MonitorConfig, "kv_queue_size"),
-    "log_level": Key(ServeOptions, "log_level"),
-}
-"""Every ``[gateway]`` key and its command-line option; ``model_path`` is required."""
-DEFAULTS: dict[str, object] = {key: k.default() for key, k in KEYS.items()}
-"""Each key's default, read off the config dataclasses."""
-FIELD_KEYS = {"block_size_tokens": "block_size", "tbt_slo_s": "tbt_slo_ms"}
-"""Config fields whose key has another name."""
+from conductor.web.limits import ServerLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +76,11 @@ class ServeSettings:
             "tbt_slo_s": self.scheduler.tbt_slo_s,
             "listen": f"{g.host}:{g.port}",
             "admin_api": g.admin_token is not None,
+            "limits": {
+                **{f: getattr(g.http, f) for f in g.http.__dataclass_fields__},
+                **{f: getattr(g.requests, f) for f in g.requests.__dataclass_fields__},
+                "max_body_bytes": g.max_body_bytes,
+            },
             "engines": [e.to_json() for e in g.engines],
         }
 
@@ -196,9 +132,15 @@ class _Values:
     """Typed access to the resolved options: a command-line option, else the TOML
     ``[gateway]`` key, else the default (:data:`DEFAULTS`)."""
 
-    def __init__(self, cli: Mapping[str, object | None], toml: Mapping[str, object]) -> None:
+    def __init__(
+        self,
+        cli: Mapping[str, object | None],
+        toml: Mapping[str, object],
+        via_set: frozenset[str] = frozenset(),
+    ) -> None:
         self.cli = cli
         self.toml = toml
+        self.via_set = via_set
 
     def raw(self, name: str) -> object | None:
         value = self.cli.get(name)
@@ -212,7 +154,7 @@ class _Values:
         """How the user wrote key ``name``: ``--the-option``, ``gateway.the_key``, or just
         the key when its default is used."""
         if self.cli.get(name) is not None:
-            return "--" + name.replace("_", "-")
+            return f"--set {name}" if name in self.via_set else "--" + name.replace("_", "-")
         if name in self.toml:
             return f"gateway.{name}"
         return name
@@ -263,6 +205,12 @@ class _Values:
             raise InvalidInput(name, None, "is required")
         return value
 
+    def names(self, name: str) -> tuple[str, ...]:
+        value = self.raw(name)
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise InvalidInput(name, value, "must be an array of strings")
+
     def bool_(self, name: str) -> bool:
         value = self.raw(name)
         if not isinstance(value, bool):
@@ -274,14 +222,23 @@ def build_settings(
     cli: Mapping[str, object | None],
     engine_specs: list[str],
     config_path: Path | None = None,
+    sets: list[str] | None = None,
 ) -> ServeSettings:
     """Resolve options (see the module docstring) into :class:`ServeSettings`; an
-    :class:`InvalidInput` names the option or key the faulty value came from."""
+    :class:`InvalidInput` names the option or key the faulty value came from. ``sets``:
+    the ``--set key=value`` options (a dedicated option given too wins)."""
     toml: dict[str, object] = {}
     toml_engines: list[Mapping[str, object]] = []
     if config_path is not None:
         toml, toml_engines = load_toml(config_path)
-    v = _Values(cli, toml)
+    merged = dict(cli)
+    via_set: set[str] = set()
+    for spec in sets or ():
+        key, value = parse_set(spec)
+        if merged.get(key) is None:
+            merged[key] = value
+            via_set.add(key)
+    v = _Values(merged, toml, frozenset(via_set))
     try:
         return _build(v, toml_engines, engine_specs)
     except InvalidInput as exc:
@@ -390,6 +347,26 @@ def _build(
             health_timeout_s=v.float_("health_timeout_s"),
             load_interval_s=v.float_("load_interval_s"),
             kv_queue_size=v.int_("kv_queue_size"),
+            health_timeouts_to_unhealthy=v.int_("health_timeouts_to_unhealthy"),
+            kv_max_blocks=v.int_("kv_max_blocks"),
+            kv_silent_after_requests=v.int_("kv_silent_after_requests"),
+        ),
+        http=ServerLimits(
+            max_header_bytes=v.int_("max_header_bytes"),
+            max_headers=v.int_("max_headers"),
+            head_timeout_s=v.float_("head_timeout_s"),
+            body_timeout_s=v.float_("body_timeout_s"),
+            keep_alive_s=v.float_("keep_alive_s"),
+            max_connections=v.int_("max_connections"),
+        ),
+        requests=RequestLimits(
+            allowed_template_kwargs=v.names("allowed_template_kwargs"),
+            max_json_depth=v.int_("max_json_depth"),
+            max_n=v.int_("max_n"),
+            inline_work_chars=v.int_("inline_work_chars"),
         ),
     )
     return ServeSettings(gateway, scheduler, cost, options.policy, model_path, options.log_level)
+
+
+__all__ = ["DEFAULTS", "FIELD_KEYS", "KEYS", "LOG_LEVELS", "Key", "ServeOptions", "parse_set"]

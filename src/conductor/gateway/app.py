@@ -1,9 +1,11 @@
 """The HTTP surface: a :class:`~conductor.web.router.Router` around a
 :class:`~conductor.gateway.service.Gateway`, served by :mod:`conductor.web`.
 
-OpenAI endpoints (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``), ``/health``,
-``/metrics`` and the admin API (``/admin/engines``...), which needs ``Authorization: Bearer
-<token>``. Every error leaves as JSON ``{"error": {...}}``; nothing escapes as a traceback.
+OpenAI endpoints (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``), ``/health``
+(liveness: the process answers, always 200), ``/ready`` (readiness: 200 while it can route,
+503 otherwise, with a detail per engine), ``/metrics`` and the admin API
+(``/admin/engines``...), which needs ``Authorization: Bearer <token>``. Every error leaves
+as JSON ``{"error": {...}}``; nothing escapes as a traceback.
 :func:`server` builds the HTTP server (body limit, error shape) and :func:`lifespan` runs the
 gateway's background tasks around it; the handlers are the methods of :class:`Handlers`.
 """
@@ -38,10 +40,15 @@ Endpoint = Callable[[Request], Awaitable[AnyResponse]]
 
 
 def server(gateway: Gateway) -> HttpServer:
-    """The gateway's HTTP server (not started): its routes, body limit and error shape."""
-    return HttpServer(
-        create_app(gateway), max_body_bytes=gateway.config.max_body_bytes, error=error_response
+    """The gateway's HTTP server (not started): its routes, limits and error shape."""
+    http = HttpServer(
+        create_app(gateway),
+        max_body_bytes=gateway.config.max_body_bytes,
+        limits=gateway.config.http,
+        error=error_response,
     )
+    gateway.metrics.attach_http(lambda: http.counters)
+    return http
 
 
 def lifespan(gateway: Gateway) -> AbstractAsyncContextManager[Gateway]:
@@ -57,6 +64,7 @@ def create_app(gateway: Gateway) -> Router:
     router.add("POST", "/v1/chat/completions", h.generation("chat", "chat_completions"))
     router.add("GET", "/v1/models", h.models)
     router.add("GET", "/health", h.health)
+    router.add("GET", "/ready", h.ready)
     router.add("GET", "/metrics", h.metrics)
     router.add("GET", "/admin/engines", h.admin(h.list_engines))
     router.add("POST", "/admin/engines", h.admin(h.add_engine))
@@ -84,6 +92,8 @@ class Handlers:
                 response = await gateway.generate(kind, request.body)
             except GatewayError as exc:
                 response = exc.response()
+            except InvalidInput as exc:
+                response = BadRequest(str(exc), param=exc.field).response()
             except asyncio.CancelledError:  # the client went away
                 metrics.child(responses, endpoint, "499").inc()
                 raise
@@ -115,13 +125,25 @@ class Handlers:
         )
 
     async def health(self, request: Request) -> Response:
+        """Liveness: answering at all is the news (overload or dead engines are /ready's)."""
+        return json_response({"status": "alive"})
+
+    async def ready(self, request: Request) -> Response:
+        """Readiness: whether a request can be routed now, and why not."""
         snaps = self.gateway.snapshot()
         healthy = sum(1 for s in snaps if s.healthy)
         ok = self.gateway.can_serve()
-        body = {
-            "status": "ok" if ok else "unavailable",
+        warnings = [
+            f"engine {s.engine_id} served traffic but sent no KV events"
+            for s in snaps
+            if s.kv_silent
+        ]
+        body: dict[str, object] = {
+            "status": "ready" if ok else "unavailable",
             "engines": len(snaps),
             "healthy_engines": healthy,
+            "unhealthy": sorted(s.engine_id for s in snaps if not s.healthy),
+            "warnings": warnings,
         }
         return json_response(body, 200 if ok else 503)
 
@@ -184,7 +206,7 @@ class Handlers:
         return json_response({"engines": [self.engine_json(e) for e in self.gateway.engines]})
 
     async def add_engine(self, request: Request) -> Response:
-        values = parse_json(request.body)
+        values = parse_json(request.body, max_depth=self.config.requests.max_json_depth)
         engine = engine_from_mapping(
             values, default_block_size=self.config.block_size_tokens, where="engine"
         )

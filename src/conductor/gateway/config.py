@@ -17,17 +17,40 @@ from conductor.core.checks import check_at_least, check_port, check_positive
 from conductor.core.errors import InvalidInput
 from conductor.core.types import Role
 from conductor.gateway.engines.registry import DEFAULT_KIND, check_kind
+from conductor.web.limits import ServerLimits
 
-ENGINE_KEYS = ("id", "url", "role", "kv_events", "replay", "model", "block_size", "topic", "kind")
+ENGINE_KEYS = (
+    "id",
+    "url",
+    "role",
+    "kv_events",
+    "replay",
+    "model",
+    "block_size",
+    "topic",
+    "kind",
+    "max_blocks",
+)
 """The keys an engine may be given (TOML table, ``--engine`` option, admin JSON body)."""
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
 
 
 def _check_url(name: str, value: str, schemes: tuple[str, ...]) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in schemes or not parts.hostname or parts.port is None:
-        raise InvalidInput(name, value, f"must look like {schemes[0]}://host:port")
+    """``scheme://host:port`` with a scheme of ``schemes``; ``ipc://path`` too when "ipc" is
+    one of them (ZMQ's local sockets)."""
+    if not isinstance(value, str):
+        raise InvalidInput(name, value, "must be a string")
+    if "ipc" in schemes and value.startswith("ipc://") and len(value) > len("ipc://"):
+        return value
+    shapes = " or ".join(f"{s}://path" if s == "ipc" else f"{s}://host:port" for s in schemes)
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:  # a port that is not a number, or out of range
+        raise InvalidInput(name, value, f"must look like {shapes}") from None
+    if parts.scheme not in schemes or not parts.hostname or port is None:
+        raise InvalidInput(name, value, f"must look like {shapes}")
     return value
 
 
@@ -41,7 +64,9 @@ class EngineConfig:
     nothing about its cache); ``replay``: its replay ROUTER endpoint, if any; ``model``: the
     model name to send upstream (None: the gateway's own model name); ``block_size_tokens``:
     the engine's ``--block-size`` (must equal the gateway's); ``topic``: the KV-event topic
-    to subscribe to ("" = all).
+    to subscribe to ("" = all); ``max_blocks``: the most blocks its KV events may claim, over
+    all tiers (its KV capacity; None: ``MonitorConfig.kv_max_blocks``). ``kv_events`` and
+    ``replay`` may be ``ipc://`` paths.
     """
 
     engine_id: str
@@ -53,9 +78,10 @@ class EngineConfig:
     block_size_tokens: int = 16
     topic: str = ""
     kind: str = DEFAULT_KIND
+    max_blocks: int | None = None
 
     def __post_init__(self) -> None:
-        if not _ID_RE.match(self.engine_id):
+        if not isinstance(self.engine_id, str) or not _ID_RE.match(self.engine_id):
             raise InvalidInput(
                 "id", self.engine_id, "must be 1-128 of [A-Za-z0-9_.:@-], starting alphanumeric"
             )
@@ -64,12 +90,14 @@ class EngineConfig:
         if self.url.endswith("/"):
             raise InvalidInput("url", self.url, "must not end with '/'")
         if self.kv_events is not None:
-            _check_url("kv_events", self.kv_events, ("tcp",))
+            _check_url("kv_events", self.kv_events, ("tcp", "ipc"))
         if self.replay is not None:
-            _check_url("replay", self.replay, ("tcp",))
+            _check_url("replay", self.replay, ("tcp", "ipc"))
             if self.kv_events is None:
                 raise InvalidInput("replay", self.replay, "needs kv_events as well")
         check_positive("block_size", self.block_size_tokens)
+        if self.max_blocks is not None:
+            check_at_least("max_blocks", self.max_blocks, 1)
         if self.model is not None and not self.model:
             raise InvalidInput("model", self.model, "must not be empty")
 
@@ -84,6 +112,7 @@ class EngineConfig:
             "block_size": self.block_size_tokens,
             "topic": self.topic,
             "kind": self.kind,
+            "max_blocks": self.max_blocks,
         }
 
 
@@ -124,11 +153,20 @@ def engine_from_mapping(
         raise InvalidInput(
             f"{where}.role", role_text, "must be one of prefill, decode, both"
         ) from None
-    block_size = values.get("block_size", default_block_size)
-    if isinstance(block_size, str) and block_size.strip().isdigit():
-        block_size = int(block_size)
-    if isinstance(block_size, bool) or not isinstance(block_size, int):
-        raise InvalidInput(f"{where}.block_size", block_size, "must be an integer")
+
+    def integer(key: str, default: int | None) -> int | None:
+        value = values.get(key, default)
+        if value is None:
+            return None
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidInput(f"{where}.{key}", value, "must be an integer")
+        return value
+
+    block_size = integer("block_size", default_block_size)
+    assert block_size is not None
+    max_blocks = integer("max_blocks", None)
     engine_id = text("id") or default_engine_id(url)
     kv_events, replay, model = text("kv_events"), text("replay"), text("model")
     topic, kind = text("topic") or "", text("kind") or DEFAULT_KIND
@@ -143,6 +181,7 @@ def engine_from_mapping(
             block_size_tokens=block_size,
             topic=topic,
             kind=kind,
+            max_blocks=max_blocks,
         )
     except InvalidInput as exc:
         raise InvalidInput(f"{where}.{exc.field}", exc.value, exc.why) from None
@@ -180,11 +219,58 @@ class MonitorConfig:
     load_interval_s: float = 1.0
     kv_queue_size: int = 10_000
     """Bound of each engine's KV-event queue (events; overflow marks the engine for resync)."""
+    health_timeouts_to_unhealthy: int = 3
+    """Consecutive health probes that time out before an engine is taken out (a busy engine
+    answers slowly; a refused connection or a bad status takes it out at once)."""
+    kv_max_blocks: int = 131_072
+    """The most blocks one engine's KV events may claim (2M tokens at block size 16), unless
+    its ``max_blocks`` says otherwise; stores beyond it are dropped and counted."""
+    kv_silent_after_requests: int = 20
+    """An engine with ``kv_events`` that served this many requests without a single KV
+    event is reported silent (log, metric, ``/ready``): its publisher is misconfigured."""
 
     def __post_init__(self) -> None:
         for name in ("health_interval_s", "health_timeout_s", "load_interval_s"):
             check_positive(name, getattr(self, name))
         check_at_least("kv_queue_size", self.kv_queue_size, 1)
+        check_at_least("health_timeouts_to_unhealthy", self.health_timeouts_to_unhealthy, 1)
+        check_at_least("kv_max_blocks", self.kv_max_blocks, 1)
+        check_at_least("kv_silent_after_requests", self.kv_silent_after_requests, 1)
+
+
+DEFAULT_MAX_JSON_DEPTH = 64
+"""Nesting allowed in a request body (OpenAI tool schemas nest a dozen levels)."""
+DEFAULT_TEMPLATE_KWARGS = ("enable_thinking", "thinking", "reasoning_effort")
+"""The ``chat_template_kwargs`` a client may set (never ``chat_template`` itself)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What one OpenAI request may ask for. ``allowed_template_kwargs``: the
+    ``chat_template_kwargs`` keys accepted (others get 400; a client template never runs);
+    ``max_json_depth``: nesting of the body; ``max_n``: choices per request;
+    ``inline_work_chars``: bodies up to this size are rendered and tokenized on the event
+    loop, bigger ones in a worker thread."""
+
+    allowed_template_kwargs: tuple[str, ...] = DEFAULT_TEMPLATE_KWARGS
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    max_n: int = 16
+    inline_work_chars: int = 4096
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.allowed_template_kwargs, tuple) or not all(
+            isinstance(k, str) and k for k in self.allowed_template_kwargs
+        ):
+            raise InvalidInput(
+                "allowed_template_kwargs", self.allowed_template_kwargs, "must be names"
+            )
+        if "chat_template" in self.allowed_template_kwargs:
+            raise InvalidInput(
+                "allowed_template_kwargs", "chat_template", "a client template is never run"
+            )
+        check_at_least("max_json_depth", self.max_json_depth, 4)
+        check_at_least("max_n", self.max_n, 1)
+        check_at_least("inline_work_chars", self.inline_work_chars, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +290,8 @@ class GatewayConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    http: ServerLimits = field(default_factory=ServerLimits)
+    requests: RequestLimits = field(default_factory=RequestLimits)
 
     def __post_init__(self) -> None:
         if not self.model_name:

@@ -24,13 +24,20 @@ import enum
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from conductor.core.events import AllBlocksCleared, KvEvent
 from conductor.core.types import InstanceId
 from conductor.gateway.kv_ingest import EngineHashMapper
-from conductor.wire.events import EngineBlockStored, EngineEventBatch, WireError
+from conductor.gateway.kv_slices import SLICE_BLOCKS, blocks_in, slices
+from conductor.wire.events import (
+    EngineBlockRemoved,
+    EngineBlockStored,
+    EngineEvent,
+    EngineEventBatch,
+    WireError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +205,12 @@ class EngineKvIngest:
                 self.block_size_mismatches += 1
 
 
+def _blocks(event: EngineEvent) -> int:
+    if isinstance(event, EngineBlockStored | EngineBlockRemoved):
+        return len(event.engine_hashes)
+    return 0
+
+
 class ReplayFailed(Exception):
     """The source could not replay (no replay endpoint, timeout, socket or decode error)."""
 
@@ -295,7 +308,44 @@ class KvFeed:
             await self._fill(check, batch)
         elif check.verdict is SeqVerdict.RESTART:
             log.info("engine %s: KV event stream restarted (seq %d)", self.ingest.holder, batch.seq)
-        self._put_all(self.ingest.apply(batch, check))
+            if batch.seq > 0 and self.source.can_replay:
+                # the restarted engine's first batches went by before we reconnected: clear,
+                # replay them from 0, then this batch in order
+                self._put_all(self.ingest.apply(replace(batch, events=()), check))
+                await self._fill(SeqCheck(SeqVerdict.FIRST, batch.seq), batch)
+                check = SeqCheck(SeqVerdict.IN_ORDER, batch.seq, batch.seq)
+        try:
+            await self._apply(batch, check)
+        except Exception as exc:  # a decodable but nonsensical batch: counted, never fatal
+            self.stats.decode_errors += 1
+            self.needs_resync = True
+            log.warning(
+                "engine %s: KV batch %d not applicable: %r", self.ingest.holder, batch.seq, exc
+            )
+
+    async def _apply(self, batch: EngineEventBatch, check: SeqCheck) -> None:
+        """Apply ``batch``; a big one slice by slice, the loop getting a turn in between."""
+        max_blocks = self.ingest.mapper.max_blocks
+        if check.verdict is SeqVerdict.DUPLICATE or (
+            blocks_in(batch.events) <= SLICE_BLOCKS
+            and (max_blocks is None or all(_blocks(e) <= max_blocks for e in batch.events))
+        ):
+            self._put_all(self.ingest.apply(batch, check))
+            return
+        pieces, dropped = slices(batch.events, SLICE_BLOCKS, max_blocks)
+        if dropped:
+            self.ingest.mapper.stats.over_capacity += dropped
+            log.warning(
+                "engine %s: %d KV events claim more than its %s blocks; dropped",
+                self.ingest.holder,
+                dropped,
+                max_blocks,
+            )
+        first = pieces[0] if pieces else []
+        self._put_all(self.ingest.apply(replace(batch, events=tuple(first)), check))
+        for piece in pieces[1:]:
+            await asyncio.sleep(0)
+            self._put_all(self.ingest.mapper.translate_all(piece, batch.seq))
 
     async def _fill(self, check: SeqCheck, batch: EngineEventBatch) -> None:
         """Apply the batches before ``batch`` that were missed (or precede our join)."""

@@ -55,6 +55,18 @@ class MapperStats:
     """Block hashes in BlockRemoved that were not mapped (counts hashes)."""
     unknown_type: int = 0
     """Events of a type the decoder does not know (newer engines): skipped."""
+    over_capacity: int = 0
+    """BlockStored that would make the engine claim more than ``max_blocks``: skipped."""
+
+    def by_reason(self) -> dict[str, int]:
+        return {
+            "missing_parent": self.missing_parent,
+            "bad_length": self.bad_length,
+            "unknown_medium": self.unknown_medium,
+            "other_group": self.other_group,
+            "unknown_type": self.unknown_type,
+            "over_capacity": self.over_capacity,
+        }
 
 
 class EngineHashMapper:
@@ -69,7 +81,9 @@ class EngineHashMapper:
     - every engine hash in the map was reported stored in at least one tier and not removed
       from all of them since; ``len(self)`` is the number of such hashes;
     - ``self.ours(e)`` is the chained hash of the tokens the engine stored under ``e``;
-    - a BlockStored is translated whole or not at all (a skipped event changes nothing).
+    - a BlockStored is translated whole or not at all (a skipped event changes nothing);
+    - ``len(self) <= max_blocks`` (when given): what one engine may claim is bounded by its
+      KV capacity, whatever reaches its event port.
     """
 
     def __init__(
@@ -79,8 +93,10 @@ class EngineHashMapper:
         *,
         group_idx: int = 0,
         medium_tiers: Mapping[str, Tier] = DEFAULT_MEDIUM_TIERS,
+        max_blocks: int | None = None,
     ) -> None:
         self.holder = holder
+        self.max_blocks = max_blocks
         self._hash_fn = hash_fn
         self._group_idx = group_idx
         self._medium_tiers = {k.upper(): v for k, v in medium_tiers.items()}
@@ -146,6 +162,11 @@ class EngineHashMapper:
         if n == 0 or len(event.token_ids) != n * size:
             self.stats.bad_length += 1
             return None
+        if self.max_blocks is not None and len(self._ours) + n > self.max_blocks:
+            new = sum(1 for h in event.engine_hashes if h not in self._ours)
+            if len(self._ours) + new > self.max_blocks:
+                self.stats.over_capacity += 1
+                return None
         parent: BlockHash | None = None
         if event.parent_engine_hash is not None:
             parent = self._ours.get(event.parent_engine_hash)

@@ -26,6 +26,19 @@ NO_FETCH_BYTES_PER_S = 1e-3
 fetch is priced out by a vanishing cross-engine bandwidth, so plans reuse local caches only."""
 
 
+def kv_drops(handle: EngineHandle) -> dict[str, int]:
+    """What the engine's KV feed dropped, by reason (undecodable messages, events lost to a
+    full queue, events the mapper skipped)."""
+    feed, ingest = handle.feed, handle.ingest
+    out: dict[str, int] = {}
+    if feed is not None:
+        out["undecodable"] = feed.stats.decode_errors
+        out["queue_full"] = feed.stats.drops
+    if ingest is not None:
+        out.update(ingest.mapper.stats.by_reason())
+    return out
+
+
 class EngineSet:
     """The gateway's engines.
 
@@ -47,7 +60,10 @@ class EngineSet:
         self.conductor.add_instance(
             InstanceSpec(engine_id, config.role, nic_bytes_per_s=NO_FETCH_BYTES_PER_S)
         )
-        handle = make_handle(config, queue_size=self.config.monitor.kv_queue_size)
+        monitor = self.config.monitor
+        handle = make_handle(
+            config, queue_size=monitor.kv_queue_size, max_blocks=monitor.kv_max_blocks
+        )
         self.engines[engine_id] = handle
         log.info("engine %s added (%s, %s)", engine_id, config.role.value, config.url)
         return handle
@@ -125,9 +141,31 @@ class EngineSet:
                     kv_queue_depth=handle.kv_queue_depth,
                     kv_events_dropped=0 if feed is None else feed.stats.drops,
                     kv_needs_resync=False if feed is None else feed.needs_resync,
+                    kv_dropped_by_reason=kv_drops(handle),
+                    kv_silent=handle.kv_silent,
                 )
             )
         return out
+
+    def check_kv_silence(self, after_requests: int) -> None:
+        """Marks (and warns once about) engines with ``kv_events`` that served
+        ``after_requests`` requests without one KV event reaching us: vLLM binds its
+        publisher only for ``tcp://*:port`` (an address makes it connect instead), so a
+        config that looks right can leave the index empty."""
+        for handle in self.engines.values():
+            feed = handle.feed
+            if feed is None:
+                continue
+            silent = handle.served >= after_requests and feed.stats.batches == 0
+            if silent and not handle.kv_silent:
+                log.warning(
+                    "engine %s served %d requests but sent no KV event to %s: is its "
+                    "publisher bound (vLLM: endpoint tcp://*:PORT) and reachable?",
+                    handle.engine_id,
+                    handle.served,
+                    handle.config.kv_events,
+                )
+            handle.kv_silent = silent
 
     def can_serve(self) -> bool:
         prefill, decode = self.conductor.pools()

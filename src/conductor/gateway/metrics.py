@@ -7,8 +7,8 @@ engine that is removed simply stops appearing. Names are listed in ``docs/gatewa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -40,6 +40,9 @@ class EngineSnapshot:
     kv_queue_depth: int
     kv_events_dropped: int
     kv_needs_resync: bool
+    kv_dropped_by_reason: Mapping[str, int] = field(default_factory=dict)
+    """KV messages (undecodable) and events (queue full, over capacity, ...) dropped."""
+    kv_silent: bool = False
 
 
 class _StateCollector(Collector):
@@ -48,6 +51,7 @@ class _StateCollector(Collector):
     ) -> None:
         self._engines = engines
         self._inflight = inflight
+        self._http: Callable[[], Mapping[str, int]] | None = None
 
     def collect(self) -> Iterator[Metric]:
         snaps = list(self._engines())
@@ -120,6 +124,30 @@ class _StateCollector(Collector):
         for s in snaps:
             drops.add_metric([s.engine_id, s.role], s.kv_events_dropped)
         yield drops
+        dropped = CounterMetricFamily(
+            "conductor_kv_dropped",
+            "KV-event messages (undecodable) and events (queue_full, over_capacity, "
+            "missing_parent, bad_length, ...) dropped, by reason",
+            labels=["engine", "reason"],
+        )
+        for s in snaps:
+            for reason, count in sorted(s.kv_dropped_by_reason.items()):
+                dropped.add_metric([s.engine_id, reason], count)
+        yield dropped
+        yield gauge(
+            "conductor_engine_kv_silent",
+            "1 if the engine served traffic but no KV event reached the gateway",
+            lambda s: s.kv_silent,
+        )
+        if self._http is not None:
+            refused = CounterMetricFamily(
+                "conductor_http_refused",
+                "Connections and requests the HTTP server refused, by reason",
+                labels=["reason"],
+            )
+            for reason, count in sorted(self._http().items()):
+                refused.add_metric([reason], count)
+            yield refused
         inflight = GaugeMetricFamily(
             "conductor_inflight_requests", "Accepted requests not yet finished"
         )
@@ -246,7 +274,12 @@ class GatewayMetrics:
     def attach_state(
         self, engines: Callable[[], Iterable[EngineSnapshot]], inflight: Callable[[], int]
     ) -> None:
-        self.registry.register(_StateCollector(engines, inflight))
+        self._state = _StateCollector(engines, inflight)
+        self.registry.register(self._state)
+
+    def attach_http(self, counters: Callable[[], Mapping[str, int]]) -> None:
+        """Export the HTTP server's refusal counters (431, 408, connection cap...)."""
+        self._state._http = counters
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

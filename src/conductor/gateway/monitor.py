@@ -3,7 +3,8 @@
 Each round probes every engine at once through its kind
 (:meth:`~conductor.gateway.engines.kind.EngineKind.probe_health`,
 :meth:`~conductor.gateway.engines.kind.EngineKind.read_load`). A failed health probe takes the
-engine out of scheduling, a passed one brings it back; the polled load is kept in the engine's
+engine out of scheduling (a timed-out one only after ``health_timeouts_to_unhealthy`` in
+a row: slow is not dead), a passed one brings it back; the polled load is kept in the engine's
 handle (``handle.load``), exported in ``/metrics`` and the admin API, and fed to the scheduler
 as an ``EngineLoad`` event (its load estimate takes it in: ``conductor.core.correction``).
 """
@@ -52,6 +53,7 @@ class Monitor:
         while True:
             try:
                 self.kv.resync_if_needed()
+                self.engines.check_kv_silence(self.config.kv_silent_after_requests)
                 handles = list(self.engines.engines.values())
                 await asyncio.gather(*(self._check_one(client, h) for h in handles))
             except Exception:
@@ -65,9 +67,14 @@ class Monitor:
         if not self.engines.current(handle):
             return
         if why is None:
+            handle.probe_timeouts = 0
             self.engines.mark_healthy(handle)
-        else:
-            self.engines.mark_unhealthy(handle.engine_id, f"health: {why}")
+            return
+        if why == "timeout":  # a busy engine answers slowly: only a run of them counts
+            handle.probe_timeouts += 1
+            if handle.probe_timeouts < self.config.health_timeouts_to_unhealthy:
+                return
+        self.engines.mark_unhealthy(handle.engine_id, f"health: {why}")
 
     async def load_loop(self, client: httpx.AsyncClient) -> None:
         while True:

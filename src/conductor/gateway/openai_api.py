@@ -8,13 +8,14 @@ Batched prompts (a list of several prompts) are not supported: one request, one 
 
 from __future__ import annotations
 
-import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from conductor.gateway import json_codec
+from conductor.gateway.config import DEFAULT_MAX_JSON_DEPTH, RequestLimits
 from conductor.gateway.errors import BadRequest
 
 Kind = Literal["completion", "chat"]
@@ -48,34 +49,60 @@ class ParsedRequest:
     cache_salt: str | None = None
 
 
-def parse_json(raw: bytes) -> dict[str, object]:
-    """The body as a JSON object, or :class:`BadRequest`."""
+_STRUCTURE = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+"""A JSON string (skipped whole) or a bracket."""
+
+
+def json_depth(raw: bytes, limit: int) -> int:
+    """How deeply ``raw`` nests arrays and objects, counted up to ``limit + 1`` (linear; a
+    body with few brackets costs two ``bytes.count``)."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return 0
+    depth = deepest = 0
+    for match in _STRUCTURE.finditer(raw):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    return deepest
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return deepest
+
+
+def parse_json(raw: bytes, *, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> dict[str, object]:
+    """The body as a JSON object (one strict parse: no NaN, numbers in range, UTF-8, at most
+    ``max_depth`` levels of nesting), or :class:`BadRequest`."""
     if not raw.strip():
         raise BadRequest("request body is empty; expected a JSON object")
+    if json_depth(raw, max_depth) > max_depth:
+        raise BadRequest(f"request body nests deeper than {max_depth} levels (max_json_depth)")
     try:
         value = json_codec.decode(raw)
-    except json_codec.JsonError as fast_error:
-        # strict (no NaN, numbers in range); the standard parser words most errors better
+    except json_codec.JsonError as exc:
         try:
-            json.loads(raw)
+            raw.decode("utf-8")
         except UnicodeDecodeError:
             raise BadRequest("request body is not UTF-8 text") from None
-        except json.JSONDecodeError as exc:
-            raise BadRequest(
-                f"request body is not valid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})"
-            ) from None
-        raise BadRequest(f"request body is not valid JSON: {fast_error}") from None
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # (the depth check above should have caught it)
+        raise BadRequest("request body nests too deeply") from None
     if not isinstance(value, dict):
         raise BadRequest(f"request body must be a JSON object, got {_json_type(value)}")
     return value
 
 
-def parse_request(kind: Kind, body: dict[str, object]) -> ParsedRequest:
-    return parse_completion(body) if kind == "completion" else parse_chat(body)
+def parse_request(
+    kind: Kind, body: dict[str, object], limits: RequestLimits | None = None
+) -> ParsedRequest:
+    limits = limits if limits is not None else RequestLimits()
+    return parse_completion(body, limits) if kind == "completion" else parse_chat(body, limits)
 
 
-def parse_completion(body: dict[str, object]) -> ParsedRequest:
-    common = _common(body)
+def parse_completion(body: dict[str, object], limits: RequestLimits | None = None) -> ParsedRequest:
+    common = _common(body, limits or RequestLimits())
     if "prompt" not in body or body["prompt"] is None:
         raise BadRequest("'prompt' is required", param="prompt")
     text, ids = _prompt(body["prompt"])
@@ -93,8 +120,9 @@ def parse_completion(body: dict[str, object]) -> ParsedRequest:
     )
 
 
-def parse_chat(body: dict[str, object]) -> ParsedRequest:
-    common = _common(body)
+def parse_chat(body: dict[str, object], limits: RequestLimits | None = None) -> ParsedRequest:
+    limits = limits or RequestLimits()
+    common = _common(body, limits)
     raw = body.get("messages")
     if raw is None:
         raise BadRequest("'messages' is required", param="messages")
@@ -103,12 +131,7 @@ def parse_chat(body: dict[str, object]) -> ParsedRequest:
     if not raw:
         raise BadRequest("'messages' must not be empty", param="messages")
     messages = tuple(_message(m, i) for i, m in enumerate(raw))
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):
-        raise BadRequest(
-            f"'chat_template_kwargs' must be an object, got {_json_type(kwargs)}",
-            param="chat_template_kwargs",
-        )
+    kwargs = _template_kwargs(body, limits.allowed_template_kwargs)
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise BadRequest(f"'tools' must be an array, got {_json_type(tools)}", param="tools")
@@ -131,9 +154,34 @@ def parse_chat(body: dict[str, object]) -> ParsedRequest:
         add_special_tokens=_opt_bool(body, "add_special_tokens", False),
         add_generation_prompt=add_generation_prompt and not continue_final,
         continue_final_message=continue_final,
-        chat_template_kwargs=dict(kwargs or {}),
+        chat_template_kwargs=kwargs,
         tools=None if tools is None else tuple(tools),
     )
+
+
+def _template_kwargs(body: Mapping[str, object], allowed: tuple[str, ...]) -> dict[str, object]:
+    """``chat_template_kwargs``, only with ``allowed`` keys: a client's template (``chat_template``
+    here or at the top level) would run arbitrary Jinja in the gateway and in the engine."""
+    if body.get("chat_template") is not None:
+        raise BadRequest(
+            "'chat_template' is not accepted: the model's own template is used",
+            param="chat_template",
+        )
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise BadRequest(
+            f"'chat_template_kwargs' must be an object, got {_json_type(kwargs)}",
+            param="chat_template_kwargs",
+        )
+    for key in kwargs:
+        if key not in allowed:
+            raise BadRequest(
+                f"'chat_template_kwargs.{key}' is not accepted; allowed: {', '.join(allowed)}",
+                param=f"chat_template_kwargs.{key}",
+            )
+    return dict(kwargs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +193,7 @@ class _Common:
     cache_salt: str | None
 
 
-def _common(body: dict[str, object]) -> _Common:
+def _common(body: dict[str, object], limits: RequestLimits) -> _Common:
     model = body.get("model")
     if model is None:
         raise BadRequest("'model' is required", param="model")
@@ -170,6 +218,8 @@ def _common(body: dict[str, object]) -> _Common:
     if max_completion is not None:
         max_tokens = max_completion if max_tokens is None else min(max_tokens, max_completion)
     n = _opt_int(body, "n", minimum=1)
+    if n is not None and n > limits.max_n:
+        raise BadRequest(f"'n' must be <= {limits.max_n}, got {n}", param="n")
     _opt_number(body, "temperature", low=0.0)
     _opt_number(body, "top_p", low=0.0, high=1.0, low_open=True)
     salt = body.get("cache_salt")

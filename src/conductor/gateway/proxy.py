@@ -1,9 +1,11 @@
 """Upstream legs: open a call to an engine, relay its answer, and classify failures.
 
-A failure *before the engine answered with response headers* (connection refused, reset,
-timed out) raises :class:`NotStarted`: the engine did not start the request, so the caller
-may schedule it again elsewhere. A failure after that (a broken stream) is final: the
-client gets an error response, or an SSE error event if streaming had begun.
+A failure *before the client was sent anything* (connection refused or reset before or
+after the response headers, a stream that breaks before its first body byte) raises
+:class:`NotStarted`: the caller may schedule the request again elsewhere (the client saw
+nothing). A timeout is not a failure of the engine (a busy engine is slow, not dead): its
+``reason`` is ``timeout`` and the caller fails that request only. A failure after the
+first byte reached the client is final: an SSE error event ends the stream.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 
 import httpx
 
@@ -94,9 +96,12 @@ async def close_quietly(resp: UpstreamResponse) -> None:
         log.debug("closing upstream response: %r", exc)
 
 
-async def read_body(resp: UpstreamResponse, flight: Flight, *, deadline: float) -> bytes:
-    """The whole body of ``resp`` (then closed); on failure the flight is closed and an
-    :class:`UpstreamError` or :class:`UpstreamTimeout` raised."""
+async def read_body(
+    resp: UpstreamResponse, flight: Flight, *, deadline: float, engine_id: str = ""
+) -> bytes:
+    """The whole body of ``resp`` (then closed). A timeout closes the flight and raises
+    :class:`UpstreamTimeout`; a broken connection raises :class:`NotStarted` (nothing
+    reached the client yet, so the request may go elsewhere)."""
     try:
         async with asyncio.timeout_at(deadline):
             return await resp.aread()
@@ -106,11 +111,40 @@ async def read_body(resp: UpstreamResponse, flight: Flight, *, deadline: float) 
     except httpx.TimeoutException as exc:
         flight.close(Outcome.TIMEOUT)
         raise UpstreamTimeout(f"the engine stopped answering: {failure_reason(exc)}") from None
+    except _RETRYABLE as exc:
+        raise NotStarted(engine_id or flight.plan.prefill, failure_reason(exc)) from exc
     except httpx.HTTPError as exc:
         flight.close(Outcome.UPSTREAM_ERROR)
         raise UpstreamError(f"the engine failed mid-answer: {failure_reason(exc)}") from None
     finally:
         await close_quietly(resp)
+
+
+async def first_chunk(
+    resp: UpstreamResponse, engine_id: str, *, deadline: float
+) -> tuple[bytes, AsyncIterator[bytes]]:
+    """The stream's first body bytes and the rest of its chunks: the request is committed to
+    this engine only once it produced something (vLLM sends a stream's headers at once, so a
+    death before the first token would otherwise lose the request). :class:`NotStarted` if
+    the connection breaks (or the stream ends) first; the response is then closed."""
+    chunks = resp.chunks(deadline).__aiter__()
+    try:
+        while True:
+            chunk = await anext(chunks)
+            if chunk:
+                return chunk, chunks
+    except StopAsyncIteration:
+        await close_quietly(resp)
+        raise NotStarted(engine_id, "empty_stream") from None
+    except httpx.TimeoutException as exc:
+        await close_quietly(resp)
+        raise NotStarted(engine_id, "timeout") from exc
+    except _RETRYABLE as exc:
+        await close_quietly(resp)
+        raise NotStarted(engine_id, failure_reason(exc)) from exc
+    except BaseException:
+        await close_quietly(resp)
+        raise
 
 
 def passthrough(status: int, content: bytes, headers: Mapping[str, str]) -> Response:
@@ -134,6 +168,7 @@ def tracked_stream(
     *,
     deadline: float,
     headers: Mapping[str, str],
+    first: tuple[bytes, AsyncIterator[bytes]] | None = None,
 ) -> StreamResponse:
     """The engine's SSE stream relayed to the client. The flight always ends and the upstream
     response is always closed, also when the client goes away before or while the body
@@ -143,14 +178,25 @@ def tracked_stream(
         flight.close(Outcome.CLIENT_DISCONNECT)  # no-op if the relay closed it
         await close_quietly(upstream)
 
-    body = relay(upstream, flight, deadline=deadline)
+    body = relay(upstream, flight, deadline=deadline, first=first)
     return StreamResponse(body, 200, headers, "text/event-stream", on_close)
 
 
+async def _chained(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for chunk in rest:
+        yield chunk
+
+
 async def relay(
-    resp: UpstreamResponse, flight: Flight, *, deadline: float
+    resp: UpstreamResponse,
+    flight: Flight,
+    *,
+    deadline: float,
+    first: tuple[bytes, AsyncIterator[bytes]] | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """Pass the engine's SSE bytes through; the first bytes mark the first token. A broken
+    """Pass the engine's SSE bytes through (``first``: the bytes already read and the rest
+    of the chunks, see :func:`first_chunk`); the first bytes mark the first token. A broken
     or stalled stream ends with an SSE error event and ``[DONE]``.
 
     Bookkeeping that the client need not wait for (the first token's and the end's effects
@@ -159,8 +205,9 @@ async def relay(
     at_boundary = True
     error: bytes | None = None
     counted = StreamTokens()
+    chunks = resp.chunks(deadline) if first is None else _chained(*first)
     try:
-        async for chunk in resp.chunks(deadline):
+        async for chunk in chunks:
             if chunk:
                 counted.feed(chunk)
                 flight.output_tokens = counted.tokens

@@ -4,7 +4,9 @@
 a rejection becomes 429 (or 503 when no engine can serve); a plan runs in aggregated mode
 (one engine) or disaggregated mode (the prefill leg, then the real request to the decode
 engine, both shaped by the engines' kind). An attempt that an engine did not start is
-scheduled again, up to ``max_attempts``; the failed engine is marked unhealthy meanwhile.
+scheduled again, up to ``max_attempts``, until the client was sent its first byte; an
+engine whose connection failed is marked unhealthy meanwhile. A timeout fails that request
+only (504): a slow engine is not a dead one, its health comes from the health probe.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from conductor.gateway.openai_api import (
 )
 from conductor.gateway.proxy import (
     NotStarted,
+    first_chunk,
     open_upstream,
     passthrough,
     read_body,
@@ -55,8 +58,6 @@ from conductor.web.messages import AnyResponse, Response
 
 log = logging.getLogger(__name__)
 
-TOKENIZE_INLINE_CHARS = 4096
-"""Longer prompts are tokenized in a worker thread, off the event loop."""
 PATHS: dict[Kind, str] = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
 NOT_RUNNING = "the gateway is not running (use `async with gateway.running()`)"
 
@@ -96,9 +97,14 @@ class RequestPath:
     def _next_request_id(self) -> str:
         return f"gw-{self._rid_prefix}-{next(self._rid_counter)}"
 
-    async def tokenize(self, req: ParsedRequest) -> list[int]:
-        size = len(req.prompt_text or "") + sum(len(str(m.get("content"))) for m in req.messages)
-        if size <= TOKENIZE_INLINE_CHARS:
+    async def tokenize(self, req: ParsedRequest, body_bytes: int | None = None) -> list[int]:
+        """The prompt's token ids; rendered and tokenized in a worker thread, off the event
+        loop, when the work is large: a body (``body_bytes``, else the text and messages)
+        over ``inline_work_chars``, or any tools (their schemas go through the template)."""
+        size = body_bytes
+        if size is None:
+            size = len(req.prompt_text or "") + sum(len(str(m)) for m in req.messages)
+        if size <= self.config.requests.inline_work_chars and not req.tools:
             return prompt_token_ids(self.tokenizer, req)
         return await asyncio.to_thread(prompt_token_ids, self.tokenizer, req)
 
@@ -134,10 +140,11 @@ class RequestPath:
 
     async def generate(self, kind: Kind, raw_body: bytes) -> AnyResponse:
         """One OpenAI request, start to finish; raises :class:`GatewayError` for the client."""
-        req = parse_request(kind, parse_json(raw_body))
+        limits = self.config.requests
+        req = parse_request(kind, parse_json(raw_body, max_depth=limits.max_json_depth), limits)
         if req.model != self.config.model_name:
             raise NotFound(f"The model `{req.model}` does not exist.", param="model")
-        token_ids = await self.tokenize(req)
+        token_ids = await self.tokenize(req, len(raw_body))
         max_tokens = self.output_budget(req, len(token_ids))
         hashes = tuple(
             request_block_hashes(token_ids, self.config.block_size_tokens, req.cache_salt)
@@ -170,6 +177,13 @@ class RequestPath:
             try:
                 return await self._execute(req, flight, deadline)
             except NotStarted as exc:
+                if exc.reason == "timeout":  # slow, not dead: this request fails, no more
+                    flight.close(Outcome.TIMEOUT)
+                    self.metrics.retries.labels("timeout_not_retried").inc()
+                    raise UpstreamTimeout(
+                        f"engine {exc.engine_id} sent nothing within "
+                        f"{self.config.upstream.read_timeout_s:g} s (read_timeout_s)"
+                    ) from None
                 flight.close(Outcome.RETRIED)
                 if exc.engine_at_fault:
                     self.engines.mark_unhealthy(InstanceId(exc.engine_id), f"request: {exc.reason}")
@@ -272,10 +286,11 @@ class RequestPath:
             deadline=deadline,
             headers={"X-Request-Id": f"{flight.request_id}-prefill"},
         )
-        content = await read_body(resp, flight, deadline=deadline)
+        content = await read_body(resp, flight, deadline=deadline, engine_id=prefill.engine_id)
         if resp.status_code != 200:
             flight.close(Outcome.UPSTREAM_ERROR)
             return passthrough(resp.status_code, content, self._headers(flight))
+        prefill.served += 1
         flight.prefill_finished()
         self.metrics.observed_prefill.labels(plan.policy).observe(
             self.clock() - flight.scheduled_at_s
@@ -319,15 +334,19 @@ class RequestPath:
             headers={"X-Request-Id": flight.request_id},
         )
         headers = self._headers(flight)
+        engine_id = engine.engine_id
         if resp.status_code != 200:
-            content = await read_body(resp, flight, deadline=deadline)
+            content = await read_body(resp, flight, deadline=deadline, engine_id=engine_id)
             flight.close(Outcome.UPSTREAM_ERROR)
             return passthrough(resp.status_code, content, headers)
         if req.stream:
-            return tracked_stream(flight, resp, deadline=deadline, headers=headers)
+            first = await first_chunk(resp, engine_id, deadline=deadline)
+            engine.served += 1
+            return tracked_stream(flight, resp, deadline=deadline, headers=headers, first=first)
         if flight.mode is Mode.AGGREGATED:
             flight.assume_prefill_end(asyncio.get_running_loop())
-        content = await read_body(resp, flight, deadline=deadline)
+        content = await read_body(resp, flight, deadline=deadline, engine_id=engine_id)
+        engine.served += 1
         flight.output_tokens = completion_tokens(content)
         flight.close(Outcome.COMPLETED)
         media = resp.headers.get("content-type", "application/json")

@@ -14,7 +14,10 @@ Semantics a client can rely on:
 - HTTP/1.1 keep-alive (HTTP/1.0 only with ``Connection: keep-alive``), pipelined requests
   answered in order, ``Expect: 100-continue``, chunked request bodies, ``HEAD``.
 - A body over ``max_body_bytes`` gets 413 (at once when ``Content-Length`` says so) and the
-  connection is closed; a malformed request gets 400 and the connection is closed.
+  connection is closed; a malformed request gets 400 and the connection is closed; the
+  head's size, header count, head and body deadlines, keep-alive and the number of
+  connections are bounded by :class:`~conductor.web.limits.ServerLimits` (431, 408, 503;
+  :mod:`conductor.web.connection` says which answer when). ``counters`` counts each refusal.
 - When the client goes away, the task handling its request is cancelled (an upstream call
   it waits on is abandoned) and a stream's ``on_close`` runs.
 - An exception escaping the application is logged and answered with 500.
@@ -33,20 +36,21 @@ import contextlib
 import signal
 import socket
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from conductor.web.connection import HttpProtocol
+from conductor.web.limits import ServerLimits
 from conductor.web.messages import AnyResponse, Request
 from conductor.web.responding import DateHeader
 from conductor.web.router import ErrorFactory, plain_error
 
 App = Callable[[Request], Awaitable[AnyResponse]]
 DEFAULT_MAX_BODY_BYTES = 1 << 20
-KEEP_ALIVE_S = 75.0
-"""Idle keep-alive connections are closed after this long (longer than common clients'
-pool idle times, so they close first)."""
+DEFAULT_ALLOW = "GET, HEAD, POST, DELETE"
+"""The ``Allow`` header of a 405 for ``TRACE`` / ``CONNECT``."""
 SHUTDOWN_GRACE_S = 10.0
 """How long requests in progress may run on after a shutdown began."""
 
@@ -63,15 +67,20 @@ class HttpServer:
         app: App,
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        keep_alive_s: float = KEEP_ALIVE_S,
+        limits: ServerLimits | None = None,
         error: ErrorFactory = plain_error,
+        allow: str = DEFAULT_ALLOW,
     ) -> None:
         if max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes must be > 0, got {max_body_bytes}")
         self.app = app
         self.max_body_bytes = max_body_bytes
-        self.keep_alive_s = keep_alive_s
+        self.limits = limits if limits is not None else ServerLimits()
         self.error = error
+        self.allow = allow
+        self.counters: Counter[str] = Counter()
+        """Refusals by reason: refused_connections, head_timeouts, body_timeouts,
+        headers_too_large, bad_requests."""
         self.date = DateHeader()
         self.connections: set[HttpProtocol] = set()
         self.stopping = False
@@ -175,12 +184,13 @@ async def running(
     host: str = "127.0.0.1",
     port: int = 0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    limits: ServerLimits | None = None,
     error: ErrorFactory = plain_error,
     lifespan: AbstractAsyncContextManager[Any] | None = None,
     grace_s: float = 2.0,
 ) -> AsyncIterator[HttpServer]:
     """``app`` served in this loop for the duration of the block (tests, embedding)."""
-    server = HttpServer(app, max_body_bytes=max_body_bytes, error=error)
+    server = HttpServer(app, max_body_bytes=max_body_bytes, limits=limits, error=error)
     async with contextlib.AsyncExitStack() as stack:
         if lifespan is not None:
             await stack.enter_async_context(lifespan)

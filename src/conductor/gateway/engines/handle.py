@@ -27,7 +27,9 @@ from conductor.gateway.kv_ingest import EngineHashMapper
 class EngineHandle:
     """One engine as the gateway runs it. ``feed``/``queue``/``ingest`` are None when the
     engine publishes no KV events (``feed`` also until the gateway runs); ``load`` is what the
-    engine last reported (zeros until the first poll)."""
+    engine last reported (zeros until the first poll); ``served``: requests (or prefill legs)
+    it answered; ``probe_timeouts``: health probes timed out in a row; ``kv_silent``: it
+    served traffic but published no KV event (its publisher is not reaching us)."""
 
     config: EngineConfig
     kind: EngineKind
@@ -36,6 +38,9 @@ class EngineHandle:
     ingest: EngineKvIngest | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     load: ReportedLoad = field(default_factory=ReportedLoad)
+    served: int = 0
+    probe_timeouts: int = 0
+    kv_silent: bool = False
 
     @property
     def engine_id(self) -> InstanceId:
@@ -55,17 +60,23 @@ class EngineHandle:
         self.tasks.clear()
 
 
-def make_handle(config: EngineConfig, *, queue_size: int) -> EngineHandle:
+def make_handle(config: EngineConfig, *, queue_size: int, max_blocks: int) -> EngineHandle:
     """A handle with its kind and, when the engine publishes KV events, their ingest and
     queue (the feed comes with :func:`attach_feed` once the gateway runs). Our hashes of the
     engine's blocks are :func:`conductor.core.hashing.hash_block` chains, the same function
-    the request path uses through ``hash_blocks``, so both sides agree block for block."""
+    the request path uses through ``hash_blocks``, so both sides agree block for block.
+    The engine's events may claim at most its ``max_blocks`` (else ``max_blocks``) blocks."""
     handle = EngineHandle(config, engine_kind(config.kind))
     if config.kv_events is None:
         return handle
     engine_id = InstanceId(config.engine_id)
     handle.ingest = EngineKvIngest(
-        EngineHashMapper(engine_id, hash_block), block_size_tokens=config.block_size_tokens
+        EngineHashMapper(
+            engine_id,
+            hash_block,
+            max_blocks=config.max_blocks if config.max_blocks is not None else max_blocks,
+        ),
+        block_size_tokens=config.block_size_tokens,
     )
     handle.queue = asyncio.Queue(maxsize=queue_size)
     return handle

@@ -23,6 +23,8 @@ from conductor.wire.vllm_events import decode_frames, decode_replay, encode_seq
 
 DRAIN_BATCHES = 256
 """Messages taken in a row before the event loop gets a turn."""
+DECODE_INLINE_BYTES = 256 * 1024
+"""Bigger messages are decoded in a worker thread, off the event loop."""
 
 
 def decode_message(frames: Sequence[bytes]) -> EngineEventBatch | WireError:
@@ -31,6 +33,8 @@ def decode_message(frames: Sequence[bytes]) -> EngineEventBatch | WireError:
         return decode_frames(frames)
     except WireError as exc:
         return exc
+    except Exception as exc:  # whatever reaches the port: never let it end the subscription
+        return WireError(f"undecodable message: {exc!r}"[:300])
 
 
 class VllmEventSocket:
@@ -83,7 +87,11 @@ class VllmEventSocket:
             while True:
                 taken = 0
                 while int(raw.get(zmq.EVENTS)) & zmq.POLLIN:
-                    yield decode_message(raw.recv_multipart(zmq.NOBLOCK))
+                    frames = raw.recv_multipart(zmq.NOBLOCK)
+                    if sum(len(f) for f in frames) > DECODE_INLINE_BYTES:
+                        yield await asyncio.to_thread(decode_message, frames)
+                    else:
+                        yield decode_message(frames)
                     taken += 1
                     if taken % DRAIN_BATCHES == 0:
                         await asyncio.sleep(0)  # let the request path have a turn
