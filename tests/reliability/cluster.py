@@ -17,16 +17,19 @@ from pathlib import Path
 
 import httpx
 
+from tests.engines.costs import COMMITTED
+
 MODEL = "tiny"
 BLOCK = 16
 MAX_MODEL_LEN = 2048
 ADMIN_TOKEN = "reliability-admin-token"
-PRESET = "tiny-cpu"
-"""Gateway and engines share one cost model, so the scheduler's TBT predictions are the
-engines' real step times: capacity is what meets TBT_SLO_MS."""
-TBT_SLO_MS = 6.0
-"""tiny-cpu's decode step is 2.4 ms + 0.1 ms per running request + 1.3 us per context token:
-about 10 requests of 200 output tokens per engine."""
+COST_FILE = str(COMMITTED)
+"""Gateway and engines share one cost model (the tiny model's committed profile), so the
+scheduler's TBT predictions are the engines' real step times: capacity is what meets
+TBT_SLO_MS."""
+TBT_SLO_MS = 4.0
+"""The profile's decode step is 2.34 ms + 0.021 ms per running request + 0.19 us per context
+token (the predicted TBT of a lone request is about 3.6 ms)."""
 GATEWAY_LIMITS = {
     # tight enough that the suite sees each limit act within seconds
     "head_timeout_s": "2.0",
@@ -152,7 +155,7 @@ def engine_proc(
     args = conductor(
         "emulate", "--port", str(http), "--kv-events-port", str(kv), "--replay-port",
         str(replay), "--model", MODEL, "--model-path", str(model_dir), "--block-size",
-        str(BLOCK), "--max-model-len", str(MAX_MODEL_LEN), "--preset", PRESET,
+        str(BLOCK), "--max-model-len", str(MAX_MODEL_LEN), "--cost-file", COST_FILE,
         "--engine-id", f"e{i}", "--cache-blocks", str(cache_blocks),
     )  # fmt: skip
     return Proc(f"engine-{i}", args, f"http://127.0.0.1:{http}", logs / f"engine-{i}.log")
@@ -183,7 +186,7 @@ def cluster(
     args = conductor(
         "serve", *specs, "--model-path", str(model_dir), "--model-name", MODEL,
         "--block-size", str(BLOCK), "--max-model-len", str(MAX_MODEL_LEN), "--port", str(port),
-        "--preset", PRESET, "--tbt-slo-ms", str(TBT_SLO_MS), "--admin-token", ADMIN_TOKEN,
+        "--cost-file", COST_FILE, "--tbt-slo-ms", str(TBT_SLO_MS), "--admin-token", ADMIN_TOKEN,
         "--health-interval-s", "0.3",
         "--read-timeout-s", "2", "--request-timeout-s", "20", "--log-level", "warning",
         *sets, *extra,
