@@ -358,6 +358,7 @@ def _build(
             body_timeout_s=v.float_("body_timeout_s"),
             keep_alive_s=v.float_("keep_alive_s"),
             max_connections=v.int_("max_connections"),
+            linger_s=v.float_("linger_s"),
         ),
         requests=RequestLimits(
             allowed_template_kwargs=v.names("allowed_template_kwargs"),

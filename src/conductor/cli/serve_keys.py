@@ -109,6 +109,7 @@ KEYS: dict[str, Key] = {
     "body_timeout_s": Key(ServerLimits, "body_timeout_s"),
     "keep_alive_s": Key(ServerLimits, "keep_alive_s"),
     "max_connections": Key(ServerLimits, "max_connections"),
+    "linger_s": Key(ServerLimits, "linger_s"),
     "allowed_template_kwargs": Key(RequestLimits, "allowed_template_kwargs"),
     "max_json_depth": Key(RequestLimits, "max_json_depth"),
     "max_n": Key(RequestLimits, "max_n"),

@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 
 MAX_PIPELINED = 64
 """Reading pauses while this many pipelined requests wait for their turn."""
-LINGER_S = 2.0
-"""How long a connection closed with an error answer keeps discarding input."""
 REFUSED_METHODS = frozenset({"TRACE", "CONNECT"})
 _UPGRADE_HEADERS = frozenset({"upgrade", "http2-settings"})
 
@@ -343,11 +341,11 @@ class HttpProtocol(Responder, asyncio.Protocol):
         self._flush()
         # A lingering close: closing with unread input would reset the connection and
         # could destroy the answer before the client reads it. Stop sending, discard what
-        # still arrives (``broken``), close when the client does or after LINGER_S.
+        # still arrives (``broken``), close when the client does or after ``linger_s``.
         self.broken = True
         if transport.can_write_eof():
             transport.write_eof()
-            self.loop.call_later(LINGER_S, self.close)
+            self.loop.call_later(self.limits.linger_s, self.close)
         else:
             self.close()
 

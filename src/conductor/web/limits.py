@@ -23,7 +23,9 @@ class ServerLimits:
     A connection is kept open ``keep_alive_s`` while idle only (before its first request
     and between requests): received bytes never extend a deadline. Beyond
     ``max_connections`` open connections, a new one is answered 503 and closed.
-    Every answer above closes the connection."""
+    Every answer above closes the connection, lingering ``linger_s`` at most (the server
+    stops sending and discards input, so that the client reads the answer before the
+    close)."""
 
     max_header_bytes: int = 60 * 1024
     max_headers: int = 100
@@ -31,10 +33,11 @@ class ServerLimits:
     body_timeout_s: float = 60.0
     keep_alive_s: float = 75.0
     max_connections: int = 1000
+    linger_s: float = 2.0
 
     def __post_init__(self) -> None:
         check_at_least("max_header_bytes", self.max_header_bytes, 1024)
         check_at_least("max_headers", self.max_headers, 4)
         check_at_least("max_connections", self.max_connections, 1)
-        for name in ("head_timeout_s", "body_timeout_s", "keep_alive_s"):
+        for name in ("head_timeout_s", "body_timeout_s", "keep_alive_s", "linger_s"):
             check_positive(name, getattr(self, name))
