@@ -21,6 +21,8 @@ from conductor.cli.sim_options import (
     CppOpt,
     DecodeOpt,
     DelayOpt,
+    ReplicasOpt,
+    SyncDelayOpt,
     JsonOpt,
     LimitOpt,
     PrefillOpt,
@@ -123,6 +125,8 @@ def register(app: typer.Typer) -> None:
         cache_tokens: CacheOpt = None,
         unbounded_cache: UnboundedOpt = False,
         kv_event_delay_s: DelayOpt = DEFAULTS.kv_event_delay_s,
+        replicas: ReplicasOpt = DEFAULTS.replicas,
+        sync_delay_ms: SyncDelayOpt = DEFAULTS.sync_delay_s * 1e3,
         load_plot: Annotated[
             Path | None,
             typer.Option("--load-plot", help="PNG of prefill/decode load and replicas over time"),
@@ -134,7 +138,8 @@ def register(app: typer.Typer) -> None:
         requests = load_requests(trace, limit, speed, skip_invalid)
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
-            replication, cache_tokens, unbounded_cache, kv_event_delay_s,
+            replication, cache_tokens, unbounded_cache, kv_event_delay_s, replicas,
+            sync_delay_ms,
         )  # fmt: skip
         cfg = build_config(options, name, load_plot=load_plot is not None)
         res = _run(requests, cfg)

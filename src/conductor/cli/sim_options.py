@@ -42,6 +42,8 @@ FLAGS = {
     "admission": "--admission",
     "cache_capacity_tokens": "--cache-tokens",
     "kv_event_delay_s": "--kv-event-delay-s",
+    "replicas": "--replicas",
+    "sync_delay_s": "--sync-delay-ms",
 }
 """Config field -> the option that sets it."""
 
@@ -88,6 +90,14 @@ DelayOpt = Annotated[
     float, typer.Option("--kv-event-delay-s", help="delay of KV events to the scheduler")
 ]
 
+ReplicasOpt = Annotated[
+    int, typer.Option("--replicas", help="scheduler replicas the arrivals are spread over")
+]
+SyncDelayOpt = Annotated[
+    float,
+    typer.Option("--sync-delay-ms", help="how late replicas see each other's reservations"),
+]
+
 
 def fail(message: str) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
@@ -132,6 +142,8 @@ class ClusterOptions:
     cache_tokens: int | None = None
     unbounded: bool = False
     kv_event_delay_s: float = DEFAULTS.kv_event_delay_s
+    replicas: int = DEFAULTS.replicas
+    sync_delay_ms: float = DEFAULTS.sync_delay_s * 1e3
 
 
 def build_config(
@@ -144,7 +156,8 @@ def build_config(
         return _config(o, policy, load_plot)
     except InvalidInput as exc:
         flags = {**FLAGS, "policy": policy_flag}
-        raise config_error(exc, flags, {"tbt_slo_s": o.tbt_slo_ms}) from None
+        shown = {"tbt_slo_s": o.tbt_slo_ms, "sync_delay_s": o.sync_delay_ms}
+        raise config_error(exc, flags, shown) from None
 
 
 def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
@@ -169,6 +182,8 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         if o.unbounded
         else (o.cache_tokens or DEFAULTS.cache_capacity_tokens),
         kv_event_delay_s=o.kv_event_delay_s,
+        replicas=o.replicas,
+        sync_delay_s=o.sync_delay_ms / 1e3,
         seed=o.seed,
         load_sample_every_s=LOAD_SAMPLE_EVERY_S if load_plot else 0.0,
         replica_sample_every_s=REPLICA_SAMPLE_EVERY_S if load_plot else 0.0,

@@ -26,6 +26,8 @@ class SimConfig:
     ``load_sample_every_s``: sample prefill/decode load this often (0 = never).
     ``replica_sample_every_s``: sample how many prefill caches hold the blocks ranked
     ``replica_ranks`` by use in the whole trace (FAST Fig. 11; 0 = never).
+    ``replicas``: scheduler replicas the arrivals are spread over (round-robin), each seeing
+    the others' reservations ``sync_delay_s`` late (:mod:`conductor.sim.replicas`).
     """
 
     policy: str = DEFAULT_POLICY
@@ -40,6 +42,8 @@ class SimConfig:
     load_sample_every_s: float = 0.0
     replica_sample_every_s: float = 0.0
     replica_ranks: tuple[int, ...] = (10, 100, 1000)
+    replicas: int = 1
+    sync_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         check_policy(self.policy)
@@ -49,6 +53,8 @@ class SimConfig:
             check_at_least("cache_capacity_tokens", self.cache_capacity_tokens, 0)
         check_at_least("kv_event_delay_s", self.kv_event_delay_s, 0)
         check_at_least("prefill_noise", self.prefill_noise, 0)
+        check_at_least("replicas", self.replicas, 1)
+        check_at_least("sync_delay_s", self.sync_delay_s, 0)
 
     @property
     def cache_capacity_blocks(self) -> int | None:

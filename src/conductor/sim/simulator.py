@@ -28,6 +28,7 @@ from conductor.sim.events import (
     PrefillDone,
 )
 from conductor.sim.prefill import PrefillSide
+from conductor.sim.replicas import make_scheduler
 from conductor.sim.records import RequestRecord, summarize
 
 Progress = Callable[[int, int], None]
@@ -72,7 +73,7 @@ class _Simulation:
     def __init__(self, requests: Sequence[Request], cfg: SimConfig) -> None:
         self.cfg = cfg
         self.requests = requests
-        self.scheduler = Scheduler(cfg.cost, policy=cfg.policy, config=cfg.scheduler)
+        self.scheduler: Scheduler = make_scheduler(cfg)
         self.records = [
             RequestRecord(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens)
             for r in requests

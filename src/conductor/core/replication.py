@@ -1,0 +1,297 @@
+"""Several scheduler replicas, one view of the in-flight load (the distributed conductor).
+
+Every replica ingests the engines' KV events itself, so the prefix index is the same
+everywhere; what differs is the *reservations* each replica commits: the prefill work it queued
+on an instance, the decode KV and batch slot it reserved. :class:`ReplicaScheduler` is a
+:class:`~conductor.core.scheduler.Scheduler` that records its own reservations as
+:data:`ReservationEvent` values in ``outbox`` (for a transport to publish), and
+:class:`RemoteReservations` applies the other replicas' to the local bookkeeping, so no replica
+herds onto an engine that the others just filled (Dynamo syncs its routers' "active blocks"
+the same way: add request, prefill completed, free).
+
+Remote reservations are applied at the local time they are *received* (``now_s`` of this
+replica's clock: replicas' clocks are not comparable), under the key ``"<replica>/<id>"`` so
+they never collide with local request ids. A replica that vanishes has its reservations
+expired (:meth:`RemoteReservations.expire`); a snapshot replaces a replica's reservations
+wholesale (:meth:`RemoteReservations.replace`), which is how a replica resynchronises after a
+gap. Pure: no clock, socket or randomness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conductor.core.config import SchedulerConfig
+from conductor.core.costmodel import CostModel
+from conductor.core.events import Event, PrefillFinished, RequestFinished
+from conductor.core.plan import Decision, Plan, Rejection
+from conductor.core.policies import DecodePolicy
+from conductor.core.policies.registry import DEFAULT_POLICY
+from conductor.core.scheduler import Scheduler
+from conductor.core.types import InstanceId, Request, RequestId
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """A plan committed: ``prefill_s`` of work (``new_tokens``) queued on each of ``prefill``
+    (one node, or a pipelined group); a decode reservation on ``decode`` (None: chosen only at
+    the end of prefill, ``baseline`` admission) starting ``ttft_s`` from now for
+    ``decode_s``."""
+
+    request_id: RequestId
+    prefill: tuple[InstanceId, ...]
+    prefill_s: float
+    new_tokens: int
+    decode: InstanceId | None
+    prompt_tokens: int
+    output_tokens: int
+    ttft_s: float
+    decode_s: float
+    prefill_done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeReserved:
+    """The decode instance of a ``baseline``-admitted request was chosen at its prefill end."""
+
+    request_id: RequestId
+    decode: InstanceId
+    decode_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillDone:
+    """The prefill of ``request_id`` ended (its decode starts now)."""
+
+    request_id: RequestId
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """``request_id`` left the cluster: ``completed``, or cancelled / failed / lost."""
+
+    request_id: RequestId
+    completed: bool = True
+
+
+ReservationEvent = Reserved | DecodeReserved | PrefillDone | Released
+
+
+class ReplicaScheduler(Scheduler):
+    """A :class:`Scheduler` whose own reservations are appended to ``outbox`` (the caller
+    drains it) and which holds the other replicas' in ``remote``."""
+
+    def __init__(
+        self,
+        cost: CostModel,
+        *,
+        policy: str = DEFAULT_POLICY,
+        config: SchedulerConfig | None = None,
+        decode_policy: DecodePolicy | None = None,
+    ) -> None:
+        super().__init__(cost, policy=policy, config=config, decode_policy=decode_policy)
+        self.outbox: list[ReservationEvent] = []
+        self.remote = RemoteReservations(self)
+
+    def decode_duration_s(self, request: Request, tbt_s: float) -> float:
+        """How long the decode reservation is predicted to last (the scheduler's rule)."""
+        return self._decode_duration_s(request, tbt_s)
+
+    def schedule(self, request: Request, now_s: float) -> Decision:
+        decision = super().schedule(request, now_s)
+        if isinstance(decision, Plan):
+            self.outbox.append(self._reserved(request, decision))
+        return decision
+
+    def _reserved(self, request: Request, plan: Plan) -> Reserved:
+        deferred = self.config.admission == "baseline"
+        return Reserved(
+            request.request_id,
+            plan.cpp.nodes if plan.cpp is not None else (plan.prefill,),
+            plan.prefill_s + plan.transfer_s,
+            request.prompt_tokens - plan.cached_tokens,
+            None if deferred else plan.decode,
+            request.prompt_tokens,
+            request.output_tokens,
+            plan.predicted_ttft_s,
+            self.decode_duration_s(request, plan.predicted_tbt_s),
+        )
+
+    def on_event(self, event: Event) -> None:
+        if not isinstance(event, PrefillFinished | RequestFinished):
+            super().on_event(event)
+            return
+        local = event.request_id in self._inflight
+        super().on_event(event)
+        if local and isinstance(event, PrefillFinished):
+            self.outbox.append(PrefillDone(event.request_id))
+        elif local:
+            self.outbox.append(Released(event.request_id, completed=True))
+
+    def cancel(self, rid: RequestId) -> None:
+        if rid in self._inflight:
+            self.outbox.append(Released(rid, completed=False))
+        super().cancel(rid)
+
+    def remove_instance(self, instance: InstanceId) -> list[RequestId]:
+        lost = super().remove_instance(instance)
+        self.outbox.extend(Released(rid, completed=False) for rid in lost)
+        return lost
+
+    def confirm_decode(self, rid: RequestId, now_s: float) -> InstanceId | Rejection:
+        f = self._inflight.get(rid)
+        deferred = f is not None and f.decode is None
+        choice = super().confirm_decode(rid, now_s)
+        if deferred and f is not None:
+            if isinstance(choice, Rejection):
+                self.outbox.append(Released(rid, completed=False))
+            else:
+                tbt = choice_tbt_s(self, choice)
+                self.outbox.append(
+                    DecodeReserved(rid, choice, self.decode_duration_s(f.request, tbt))
+                )
+        return choice
+
+    def snapshot(self) -> list[Reserved]:
+        """This replica's own reservations now (what a peer that lost track needs)."""
+        out: list[Reserved] = []
+        for rid, f in self._inflight.items():
+            req = f.request
+            nodes = f.cpp_nodes or (f.prefill,)
+            state = self.instances.get(f.prefill)
+            pred = state.prefill._pred_s.get(rid, 0.0) if state is not None else 0.0
+            toks = state.prefill._tokens.get(rid, 0) if state is not None else 0
+            out.append(
+                Reserved(
+                    rid,
+                    nodes,
+                    pred,
+                    toks,
+                    f.decode,
+                    req.prompt_tokens,
+                    req.output_tokens,
+                    0.0,
+                    self.forecast.decode_time_s,
+                    prefill_done=f.prefill_done,
+                )
+            )
+        return out
+
+
+def choice_tbt_s(scheduler: Scheduler, decode: InstanceId) -> float:
+    """The step time of ``decode``'s current batch (the TBT a new member would see)."""
+    d = scheduler.instances[decode].decode
+    return scheduler.cost.decode_step_s(d.batch_size, d.context_tokens)
+
+
+@dataclass(slots=True)
+class _Remote:
+    event: Reserved
+    decode: InstanceId | None
+    prefill_done: bool
+
+
+@dataclass(slots=True)
+class RemoteReservations:
+    """The other replicas' reservations, applied to ``scheduler``'s bookkeeping.
+
+    Invariant: every entry of ``by_replica`` is reflected in the scheduler's prefill queue
+    (until its prefill is done), its decode state and its forecast (until released); removing
+    the entry removes all three. Instances unknown here (not registered yet, or removed) are
+    skipped: their bookkeeping does not exist.
+    """
+
+    scheduler: Scheduler
+    by_replica: dict[str, dict[RequestId, _Remote]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.by_replica.values())
+
+    def count(self, replica: str) -> int:
+        return len(self.by_replica.get(replica, {}))
+
+    @staticmethod
+    def key(replica: str, rid: RequestId) -> RequestId:
+        return RequestId(f"{replica}/{rid}")
+
+    def apply(self, replica: str, event: ReservationEvent, now_s: float) -> None:
+        """Apply one of ``replica``'s events, received at local time ``now_s``."""
+        entries = self.by_replica.setdefault(replica, {})
+        key = self.key(replica, event.request_id)
+        s = self.scheduler
+        match event:
+            case Reserved():
+                if event.request_id in entries:
+                    self._release(key, entries.pop(event.request_id), completed=False, now_s=now_s)
+                if not event.prefill_done:
+                    for node in event.prefill:
+                        st = s.instances.get(node)
+                        if st is not None:
+                            st.prefill.assign(key, event.prefill_s, event.new_tokens, now_s)
+                entries[event.request_id] = _Remote(event, None, event.prefill_done)
+                if event.decode is not None:
+                    start = now_s if event.prefill_done else now_s + event.ttft_s
+                    self._admit(key, entries[event.request_id], event.decode, start, event.decode_s)
+            case DecodeReserved(rid, decode, decode_s):
+                e = entries.get(rid)
+                if e is not None and e.decode is None:
+                    self._admit(key, e, decode, now_s, decode_s)
+            case PrefillDone(rid):
+                e = entries.get(rid)
+                if e is not None and not e.prefill_done:
+                    e.prefill_done = True
+                    for node in e.event.prefill:
+                        st = s.instances.get(node)
+                        if st is not None:
+                            st.prefill.finish(key, now_s)
+                    s.forecast.started(key, now_s)
+            case Released(rid, completed):
+                e = entries.pop(rid, None)
+                if e is not None:
+                    self._release(key, e, completed=completed, now_s=now_s)
+
+    def _admit(
+        self, key: RequestId, e: _Remote, decode: InstanceId, start_s: float, decode_s: float
+    ) -> None:
+        st = self.scheduler.instances.get(decode)
+        if st is None:
+            return
+        e.decode = decode
+        r = e.event
+        st.decode.admit(key, r.prompt_tokens, r.output_tokens)
+        self.scheduler.forecast.add(
+            key, decode, start_s, decode_s, r.prompt_tokens + r.output_tokens
+        )
+
+    def _release(self, key: RequestId, e: _Remote, *, completed: bool, now_s: float) -> None:
+        s = self.scheduler
+        if not e.prefill_done:
+            for node in e.event.prefill:
+                st = s.instances.get(node)
+                if st is not None:
+                    st.prefill.drop(key)
+        if e.decode is not None:
+            st = s.instances.get(e.decode)
+            if st is not None:
+                st.decode.release(key)
+        if completed:
+            s.forecast.finished(key, now_s)
+        else:
+            s.forecast.remove(key)
+
+    def expire(self, replica: str, now_s: float) -> int:
+        """``replica`` vanished: drop all its reservations; returns how many."""
+        entries = self.by_replica.pop(replica, {})
+        for rid, e in entries.items():
+            self._release(self.key(replica, rid), e, completed=False, now_s=now_s)
+        return len(entries)
+
+    def replace(self, replica: str, snapshot: list[Reserved], now_s: float) -> None:
+        """``replica``'s reservations are exactly ``snapshot`` now (a resync)."""
+        self.expire(replica, now_s)
+        self.by_replica[replica] = {}
+        for r in snapshot:
+            self.apply(replica, r, now_s)
+
+    def replicas(self) -> list[str]:
+        return sorted(self.by_replica)
