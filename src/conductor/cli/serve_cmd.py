@@ -22,6 +22,7 @@ from conductor.core.costmodel import PRESETS
 from conductor.core.errors import ConductorError
 from conductor.core.policies import policy_names
 from conductor.core.policies.colocated import ColocatedDecode
+from conductor.core.replication import ReplicaScheduler
 from conductor.core.scheduler import Scheduler
 
 ADMIN_TOKEN_ENV = "CONDUCTOR_ADMIN_TOKEN"
@@ -30,13 +31,22 @@ log = logging.getLogger("conductor.serve")
 
 
 def build_conductor(settings: ServeSettings) -> Scheduler:
-    """The scheduler for the gateway: requests placed on a ``both`` engine decode there."""
-    conductor = Scheduler(settings.cost, policy=settings.policy, config=settings.scheduler)
+    """The scheduler for the gateway: requests placed on a ``both`` engine decode there; a
+    replica (sharing its reservations) with ``--cluster``."""
+    kind = Scheduler if settings.cluster is None else ReplicaScheduler
+    conductor = kind(settings.cost, policy=settings.policy, config=settings.scheduler)
     conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
     return conductor
 
 
-def run_server(settings: ServeSettings) -> None:
+def run_server(settings: ServeSettings, reuse_port: bool = False) -> None:
+    """Serve until SIGINT/SIGTERM (``--workers N``: supervise N of these, see
+    :mod:`conductor.cli.cluster_serve`)."""
+    from conductor.cli import cluster_serve
+
+    if settings.workers > 1:
+        cluster_serve.run_workers(settings, run_server)
+        return
     from conductor.gateway import app
     from conductor.gateway.service import Gateway
     from conductor.hf.tokenizer import HfTokenizer
@@ -47,8 +57,18 @@ def run_server(settings: ServeSettings) -> None:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call
     tokenizer = HfTokenizer.load(settings.model_path)
-    gateway = Gateway(settings.gateway, build_conductor(settings), tokenizer)
+    conductor = build_conductor(settings)
+    gateway = Gateway(settings.gateway, conductor, tokenizer)
     host, port = settings.gateway.host, settings.gateway.port
+    lifespan = app.lifespan(gateway)
+    if settings.cluster is not None:
+        assert isinstance(conductor, ReplicaScheduler)
+        cluster = cluster_serve.replica_id(settings.cluster)
+        log.info("conductor serve: replica %s of %s", cluster.replica_id, cluster.url)
+        lifespan = cluster_serve.with_sync(
+            lifespan, cluster, conductor, gateway.metrics.registry, gateway.clock
+        )
+    sock = cluster_serve.reuse_port_socket(host, port) if reuse_port else None
 
     def ready(server: object) -> None:
         log.info("conductor serve: listening on http://%s:%d", host, port)
@@ -58,9 +78,10 @@ def run_server(settings: ServeSettings) -> None:
             app.server(gateway),
             host=host,
             port=port,
-            lifespan=app.lifespan(gateway),
+            lifespan=lifespan,
             grace_s=SHUTDOWN_GRACE_S,
             on_ready=ready,
+            sock=sock,
         )
 
     run(main)
@@ -204,6 +225,22 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("--log-level", help=f"debug|info|warning|error [{_default('log_level')}]"),
         ] = None,
+        cluster: Annotated[
+            str | None,
+            typer.Option("--cluster", help="nats://HOST:PORT: sync with the other replicas there"),
+        ] = None,
+        replica_id: Annotated[
+            str | None,
+            typer.Option("--replica-id", help="this replica's name [<hostname>-<pid>]"),
+        ] = None,
+        workers: Annotated[
+            int | None,
+            typer.Option(
+                "--workers",
+                help="gateway processes on one port (SO_REUSEPORT), synced like replicas "
+                f"(a local nats-server without --cluster) [{_default('workers')}]",
+            ),
+        ] = None,
         check: Annotated[
             bool, typer.Option("--check", help="print the resolved configuration and exit")
         ] = False,
@@ -234,6 +271,9 @@ def register(app: typer.Typer) -> None:
             "load_interval_s": load_interval_s,
             "seed": seed,
             "log_level": log_level,
+            "cluster": cluster,
+            "replica_id": replica_id,
+            "workers": workers,
         }
         try:
             settings = build_settings(cli, list(engine or []), config)

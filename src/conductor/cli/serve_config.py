@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from conductor.cli.fields import field_default, renamed
-from conductor.core.checks import check_choice, check_positive
+from conductor.cluster.config import ClusterConfig
+from conductor.core.checks import check_at_least, check_choice, check_positive
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, CostModel, preset
 from conductor.core.errors import InvalidInput
@@ -58,8 +59,11 @@ class ServeOptions:
     prefill_tokens_per_s: float | None = None
     decode_step_ms: float | None = None
     log_level: str = "info"
+    cluster: str | None = None
+    workers: int = 1
 
     def __post_init__(self) -> None:
+        check_at_least("workers", self.workers, 1)
         check_policy(self.policy)
         preset(self.preset)
         check_choice("log_level", self.log_level, LOG_LEVELS)
@@ -108,11 +112,22 @@ KEYS: dict[str, Key] = {
     "load_interval_s": Key(MonitorConfig, "load_interval_s"),
     "kv_queue_size": Key(MonitorConfig, "kv_queue_size"),
     "log_level": Key(ServeOptions, "log_level"),
+    "cluster": Key(ServeOptions, "cluster"),
+    "replica_id": Key(ClusterConfig, "replica_id"),
+    "cluster_name": Key(ClusterConfig, "cluster_name"),
+    "cluster_heartbeat_s": Key(ClusterConfig, "heartbeat_s"),
+    "cluster_expiry_s": Key(ClusterConfig, "expiry_s"),
+    "workers": Key(ServeOptions, "workers"),
 }
 """Every ``[gateway]`` key and its command-line option; ``model_path`` is required."""
 DEFAULTS: dict[str, object] = {key: k.default() for key, k in KEYS.items()}
 """Each key's default, read off the config dataclasses."""
-FIELD_KEYS = {"block_size_tokens": "block_size", "tbt_slo_s": "tbt_slo_ms"}
+FIELD_KEYS = {
+    "block_size_tokens": "block_size",
+    "tbt_slo_s": "tbt_slo_ms",
+    "heartbeat_s": "cluster_heartbeat_s",
+    "expiry_s": "cluster_expiry_s",
+}
 """Config fields whose key has another name."""
 
 
@@ -126,6 +141,8 @@ class ServeSettings:
     policy: str
     model_path: Path
     log_level: str
+    cluster: ClusterConfig | None = None
+    workers: int = 1
 
     def describe(self) -> dict[str, object]:
         g = self.gateway
@@ -142,6 +159,9 @@ class ServeSettings:
             "listen": f"{g.host}:{g.port}",
             "admin_api": g.admin_token is not None,
             "engines": [e.to_json() for e in g.engines],
+            "cluster": None if self.cluster is None else self.cluster.url,
+            "replica_id": None if self.cluster is None else self.cluster.replica_id,
+            "workers": self.workers,
         }
 
 
@@ -334,6 +354,19 @@ def _build(
         prefill_tokens_per_s=v.opt_float("prefill_tokens_per_s"),
         decode_step_ms=v.opt_float("decode_step_ms"),
         log_level=v.str_("log_level").lower(),
+        cluster=v.opt_str("cluster"),
+        workers=v.int_("workers"),
+    )
+    cluster = (
+        None
+        if options.cluster is None
+        else ClusterConfig(
+            url=options.cluster,
+            replica_id=v.str_("replica_id"),
+            cluster_name=v.str_("cluster_name"),
+            heartbeat_s=v.float_("cluster_heartbeat_s"),
+            expiry_s=v.float_("cluster_expiry_s"),
+        )
     )
     cost = with_overrides(
         preset(options.preset),
@@ -374,4 +407,15 @@ def _build(
             kv_queue_size=v.int_("kv_queue_size"),
         ),
     )
-    return ServeSettings(gateway, scheduler, cost, options.policy, model_path, options.log_level)
+    if options.workers > 1 and gateway.port == 0:
+        raise InvalidInput("port", 0, "--workers > 1 share one fixed port; give one")
+    return ServeSettings(
+        gateway,
+        scheduler,
+        cost,
+        options.policy,
+        model_path,
+        options.log_level,
+        cluster,
+        options.workers,
+    )

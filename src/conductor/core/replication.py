@@ -19,6 +19,7 @@ gap. Pure: no clock, socket or randomness.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from conductor.core.config import SchedulerConfig
@@ -91,7 +92,15 @@ class ReplicaScheduler(Scheduler):
     ) -> None:
         super().__init__(cost, policy=policy, config=config, decode_policy=decode_policy)
         self.outbox: list[ReservationEvent] = []
+        self.notify: Callable[[], None] | None = None
         self.remote = RemoteReservations(self)
+
+    def _emit(self, event: ReservationEvent) -> None:
+        """Queue one of our reservation events; ``notify`` is called when the outbox stops
+        being empty (the transport's cue to publish)."""
+        if not self.outbox and self.notify is not None:
+            self.notify()
+        self.outbox.append(event)
 
     def decode_duration_s(self, request: Request, tbt_s: float) -> float:
         """How long the decode reservation is predicted to last (the scheduler's rule)."""
@@ -100,7 +109,7 @@ class ReplicaScheduler(Scheduler):
     def schedule(self, request: Request, now_s: float) -> Decision:
         decision = super().schedule(request, now_s)
         if isinstance(decision, Plan):
-            self.outbox.append(self._reserved(request, decision))
+            self._emit(self._reserved(request, decision))
         return decision
 
     def _reserved(self, request: Request, plan: Plan) -> Reserved:
@@ -124,18 +133,19 @@ class ReplicaScheduler(Scheduler):
         local = event.request_id in self._inflight
         super().on_event(event)
         if local and isinstance(event, PrefillFinished):
-            self.outbox.append(PrefillDone(event.request_id))
+            self._emit(PrefillDone(event.request_id))
         elif local:
-            self.outbox.append(Released(event.request_id, completed=True))
+            self._emit(Released(event.request_id, completed=True))
 
     def cancel(self, rid: RequestId) -> None:
         if rid in self._inflight:
-            self.outbox.append(Released(rid, completed=False))
+            self._emit(Released(rid, completed=False))
         super().cancel(rid)
 
     def remove_instance(self, instance: InstanceId) -> list[RequestId]:
         lost = super().remove_instance(instance)
-        self.outbox.extend(Released(rid, completed=False) for rid in lost)
+        for rid in lost:
+            self._emit(Released(rid, completed=False))
         return lost
 
     def confirm_decode(self, rid: RequestId, now_s: float) -> InstanceId | Rejection:
@@ -144,12 +154,10 @@ class ReplicaScheduler(Scheduler):
         choice = super().confirm_decode(rid, now_s)
         if deferred and f is not None:
             if isinstance(choice, Rejection):
-                self.outbox.append(Released(rid, completed=False))
+                self._emit(Released(rid, completed=False))
             else:
                 tbt = choice_tbt_s(self, choice)
-                self.outbox.append(
-                    DecodeReserved(rid, choice, self.decode_duration_s(f.request, tbt))
-                )
+                self._emit(DecodeReserved(rid, choice, self.decode_duration_s(f.request, tbt)))
         return choice
 
     def snapshot(self) -> list[Reserved]:

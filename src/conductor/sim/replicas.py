@@ -97,8 +97,8 @@ class ReplicaSet(ReplicaScheduler):
         k = self._next
         self._next = (k + 1) % len(self.peers)
         self._flush(k, now_s)
-        decision = super().schedule(request, now_s) if k == 0 else self.peers[k].schedule(
-            request, now_s
+        decision = (
+            super().schedule(request, now_s) if k == 0 else self.peers[k].schedule(request, now_s)
         )
         if not isinstance(decision, Rejection):
             self._owner[request.request_id] = k
@@ -108,8 +108,10 @@ class ReplicaSet(ReplicaScheduler):
     def confirm_decode(self, rid: RequestId, now_s: float) -> InstanceId | Rejection:
         k = self._owner.get(rid, 0)
         self._flush(k, now_s)
-        out = super().confirm_decode(rid, now_s) if k == 0 else self.peers[k].confirm_decode(
-            rid, now_s
+        out = (
+            super().confirm_decode(rid, now_s)
+            if k == 0
+            else self.peers[k].confirm_decode(rid, now_s)
         )
         if isinstance(out, Rejection):
             self._owner.pop(rid, None)

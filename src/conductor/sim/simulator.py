@@ -28,8 +28,8 @@ from conductor.sim.events import (
     PrefillDone,
 )
 from conductor.sim.prefill import PrefillSide
-from conductor.sim.replicas import make_scheduler
 from conductor.sim.records import RequestRecord, summarize
+from conductor.sim.replicas import make_scheduler
 
 Progress = Callable[[int, int], None]
 

@@ -1,0 +1,180 @@
+"""The replica-sync messages on the wire (msgspec, msgpack) and the transport protocol.
+
+Every replica publishes on one subject and hears every other replica there:
+
+- :class:`Batch` — this replica's reservation events since its last batch (plans committed,
+  decode chosen, prefills finished, requests released), numbered by ``seq`` (1, 2, ...; a
+  receiver that sees a gap asks for a snapshot).
+- :class:`Heartbeat` — "alive", with the ``seq`` of the last batch sent (so a lost last batch
+  is noticed too) and the number of reservations it holds.
+- :class:`SnapshotRequest` — "send me your reservations" (a gap, or a replica first heard of).
+- :class:`Snapshot` — every reservation the replica holds, as of batch ``seq``.
+- :class:`Bye` — the replica is leaving: drop its reservations now.
+
+Messages are ``array_like`` tagged structs (compact, and decoded without a schema lookup).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import msgspec
+
+from conductor.core.replication import (
+    DecodeReserved,
+    PrefillDone,
+    Released,
+    ReservationEvent,
+    Reserved,
+)
+from conductor.core.types import InstanceId, RequestId
+
+
+class WReserved(msgspec.Struct, tag="r", array_like=True, frozen=True):
+    request_id: str
+    prefill: list[str]
+    prefill_s: float
+    new_tokens: int
+    decode: str | None
+    prompt_tokens: int
+    output_tokens: int
+    ttft_s: float
+    decode_s: float
+    prefill_done: bool = False
+
+
+class WDecodeReserved(msgspec.Struct, tag="d", array_like=True, frozen=True):
+    request_id: str
+    decode: str
+    decode_s: float
+
+
+class WPrefillDone(msgspec.Struct, tag="p", array_like=True, frozen=True):
+    request_id: str
+
+
+class WReleased(msgspec.Struct, tag="f", array_like=True, frozen=True):
+    request_id: str
+    completed: bool
+
+
+WEvent = WReserved | WDecodeReserved | WPrefillDone | WReleased
+
+
+class Batch(msgspec.Struct, tag="b", array_like=True, frozen=True):
+    replica: str
+    seq: int
+    events: list[WEvent]
+
+
+class Heartbeat(msgspec.Struct, tag="h", array_like=True, frozen=True):
+    replica: str
+    seq: int
+    reservations: int
+
+
+class SnapshotRequest(msgspec.Struct, tag="q", array_like=True, frozen=True):
+    replica: str
+    target: str
+
+
+class Snapshot(msgspec.Struct, tag="s", array_like=True, frozen=True):
+    replica: str
+    seq: int
+    reservations: list[WReserved]
+
+
+class Bye(msgspec.Struct, tag="x", array_like=True, frozen=True):
+    replica: str
+
+
+Message = Batch | Heartbeat | SnapshotRequest | Snapshot | Bye
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data: bytes) -> Message:
+    """One message; raises ``msgspec.DecodeError`` (a ``ValueError``) if malformed."""
+    return _decoder.decode(data)
+
+
+def reserved_to_wire(r: Reserved) -> WReserved:
+    return WReserved(
+        r.request_id,
+        list(r.prefill),
+        r.prefill_s,
+        r.new_tokens,
+        r.decode,
+        r.prompt_tokens,
+        r.output_tokens,
+        r.ttft_s,
+        r.decode_s,
+        r.prefill_done,
+    )
+
+
+def to_wire(e: ReservationEvent) -> WEvent:
+    match e:
+        case Reserved():
+            return reserved_to_wire(e)
+        case DecodeReserved(rid, decode_, decode_s):
+            return WDecodeReserved(rid, decode_, decode_s)
+        case PrefillDone(rid):
+            return WPrefillDone(rid)
+        case Released(rid, completed):
+            return WReleased(rid, completed)
+
+
+def reserved_from_wire(w: WReserved) -> Reserved:
+    return Reserved(
+        RequestId(w.request_id),
+        tuple(InstanceId(p) for p in w.prefill),
+        w.prefill_s,
+        w.new_tokens,
+        None if w.decode is None else InstanceId(w.decode),
+        w.prompt_tokens,
+        w.output_tokens,
+        w.ttft_s,
+        w.decode_s,
+        w.prefill_done,
+    )
+
+
+def from_wire(w: WEvent) -> ReservationEvent:
+    match w:
+        case WReserved():
+            return reserved_from_wire(w)
+        case WDecodeReserved(rid, decode_, decode_s):
+            return DecodeReserved(RequestId(rid), InstanceId(decode_), decode_s)
+        case WPrefillDone(rid):
+            return PrefillDone(RequestId(rid))
+        case WReleased(rid, completed):
+            return Released(RequestId(rid), completed)
+
+
+Handler = Callable[[bytes], None]
+StateCallback = Callable[[bool, str], Awaitable[None] | None]
+
+
+class Transport(Protocol):
+    """What a sync backend provides (one module per transport; NATS first).
+
+    ``start`` connects, retrying until it succeeds or the task is cancelled, and calls
+    ``on_state(connected, why)`` on every change of connectivity; ``publish`` sends one
+    message to every replica (returns False when it could not: disconnected); received
+    messages (this replica's own excluded) go to ``on_message``."""
+
+    @property
+    def connected(self) -> bool: ...
+
+    async def start(self, on_message: Handler, on_state: StateCallback) -> None: ...
+
+    async def publish(self, data: bytes) -> bool: ...
+
+    async def close(self) -> None: ...
