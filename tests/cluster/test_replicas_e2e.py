@@ -1,0 +1,222 @@
+"""Three `conductor serve --cluster` replicas before four emulated engines (2 prefill + 2
+decode), a real nats-server, a client spreading requests over the replicas:
+
+- the engines' load balance and the prefix hit rate are within 5% of one gateway's;
+- a replica killed under load: its streams end (complete or an error, never a hang) and the
+  other replicas lose nothing; the survivors expire its reservations;
+- nats-server killed under load: nothing lost, degraded mode on /metrics, and after a restart
+  the replicas are connected and see each other again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conductor.cluster.embedded import NatsServer
+from conductor.demo.cluster import Cluster, Proc, free_ports
+from conductor.demo.load import Outcome, _one, conversations
+from conductor.demo.tokenizer import make_tokenizer
+
+pytestmark = pytest.mark.slow
+ROLES = ("prefill", "prefill", "decode", "decode")
+MODEL = "demo"
+SPEEDUP = "20"
+
+
+class Setup:
+    def __init__(self, work: Path, nats: NatsServer) -> None:
+        self.work = work
+        self.nats = nats
+        self.tok = work / "tokenizer"
+        if not self.tok.exists():
+            make_tokenizer(self.tok)
+        self.cluster = Cluster(work)
+        self.engine_args: list[str] = []
+        self.gateways: list[Proc] = []
+
+    def engines(self) -> None:
+        ports = free_ports(3 * len(ROLES))
+        for i, role in enumerate(ROLES):
+            http, kv, replay = ports[3 * i : 3 * i + 3]
+            name = f"{role}-{i % 2}"
+            url = f"http://127.0.0.1:{http}"
+            self.cluster.start(
+                name,
+                ["emulate", "--port", str(http), "--role", role, "--kv-events-port", str(kv),
+                 "--replay-port", str(replay), "--speedup", SPEEDUP, "--model-path",
+                 str(self.tok), "--model", MODEL, "--engine-id", name],
+                url,
+            )  # fmt: skip
+            self.engine_args += [
+                "--engine",
+                f"{url},role={role},kv_events=tcp://127.0.0.1:{kv},"
+                f"replay=tcp://127.0.0.1:{replay},id={name},model={MODEL},block_size=32",
+            ]
+        for p in list(self.cluster.procs):
+            self.cluster.wait_healthy(p)
+
+    def gateway(self, name: str, cluster: bool = True) -> Proc:
+        (port,) = free_ports(1)
+        args = ["serve", *self.engine_args, "--model-path", str(self.tok), "--model-name",
+                MODEL, "--block-size", "32", "--max-model-len", "8192", "--port", str(port),
+                "--health-interval-s", "0.5"]  # fmt: skip
+        if cluster:
+            args += ["--cluster", self.nats.url, "--replica-id", name]
+        p = self.cluster.start(name, args, f"http://127.0.0.1:{port}")
+        self.gateways.append(p)
+        return p
+
+    def wait(self) -> None:
+        for g in self.gateways:
+            self.cluster.wait_healthy(g)
+
+
+@pytest.fixture
+def nats() -> Iterator[NatsServer]:
+    with NatsServer() as ns:
+        yield ns
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    m = re.search(rf"^{name}\{{[^}}]*\}} ([0-9.e+-]+)$", text, re.M)
+    assert m is not None, f"{name} not in /metrics"
+    return float(m.group(1))
+
+
+def until(cond: object, timeout_s: float = 20.0) -> None:
+    assert callable(cond)
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.1)
+
+
+async def spread(urls: list[str], n_conv: int, turns: int, seed: int) -> list[Outcome]:
+    """Conversations run concurrently; request k goes to replica k mod len(urls)."""
+    convs = conversations(n_conv, turns, seed)
+    counter = iter(range(10**9))
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as client:
+
+        async def conv(i: int) -> list[Outcome]:
+            out = []
+            for t, msgs in enumerate(convs[i]):
+                url = urls[next(counter) % len(urls)]
+                out.append(await _one(client, url, MODEL, i, t, msgs))
+            return out
+
+        done = await asyncio.gather(*(conv(i) for i in range(n_conv)))
+    return [o for c in done for o in c]
+
+
+def summary(outcomes: list[Outcome]) -> tuple[float, dict[str, float], dict[str, float]]:
+    ok = [o for o in outcomes if o.status == 200]
+    assert len(ok) == len(outcomes), [o.error for o in outcomes if o.status != 200][:3]
+    hit = sum(o.cached_tokens for o in ok) / sum(o.prompt_tokens for o in ok)
+    pre = Counter(o.prefill for o in ok)
+    dec = Counter(o.decode for o in ok)
+    return (
+        hit,
+        {k: v / len(ok) for k, v in pre.items()},
+        {k: v / len(ok) for k, v in dec.items()},
+    )
+
+
+def run_once(
+    tmp: Path, nats: NatsServer, n_gateways: int
+) -> tuple[float, dict[str, float], dict[str, float]]:
+    s = Setup(tmp, nats)
+    try:
+        s.engines()
+        for k in range(n_gateways):
+            s.gateway(f"g{k}", cluster=n_gateways > 1)
+        s.wait()
+        if n_gateways > 1:
+            until(lambda: all(metric(g.url, "conductor_cluster_peers") == n_gateways - 1
+                              for g in s.gateways))  # fmt: skip
+        return summary(asyncio.run(spread([g.url for g in s.gateways], 8, 6, 0)))
+    finally:
+        s.cluster.stop()
+
+
+def test_three_replicas_balance_and_hit_like_one(tmp_path: Path, nats: NatsServer) -> None:
+    hit1, pre1, dec1 = run_once(tmp_path / "one", nats, 1)
+    hit3, pre3, dec3 = run_once(tmp_path / "three", nats, 3)
+    assert abs(hit3 - hit1) <= 0.05, (hit1, hit3)
+    for one, three in ((pre1, pre3), (dec1, dec3)):
+        for engine in set(one) | set(three):
+            assert abs(one.get(engine, 0.0) - three.get(engine, 0.0)) <= 0.05 + 1e-9, (one, three)
+
+
+@pytest.fixture
+def three(tmp_path: Path, nats: NatsServer) -> Iterator[Setup]:
+    s = Setup(tmp_path, nats)
+    try:
+        s.engines()
+        for k in range(3):
+            s.gateway(f"g{k}")
+        s.wait()
+        until(lambda: all(metric(g.url, "conductor_cluster_peers") == 2 for g in s.gateways))
+        yield s
+    finally:
+        s.cluster.stop()
+
+
+def test_killing_a_replica_under_load(three: Setup) -> None:
+    urls = [g.url for g in three.gateways]
+    victim = three.gateways[2]
+
+    async def load_and_kill() -> list[Outcome]:
+        task = asyncio.create_task(spread(urls, 9, 6, 1))
+        await asyncio.sleep(1.0)
+        os.killpg(victim.popen.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        out = await task
+        assert time.monotonic() - t0 < 60  # nothing hangs
+        return out
+
+    outcomes = asyncio.run(load_and_kill())
+    survivors_ok = [o for o in outcomes if o.status == 200]
+    failed = [o for o in outcomes if o.status != 200]
+    # every failure is a request sent to the killed replica (connection refused / reset)
+    assert all(o.status == 0 for o in failed), [o.error for o in failed][:3]
+    assert len(survivors_ok) >= len(outcomes) * 2 // 3 - 1
+    # the survivors drop the dead replica and its reservations
+    for g in three.gateways[:2]:
+        until(lambda g=g: metric(g.url, "conductor_cluster_peers") == 1)
+        assert metric(g.url, "conductor_cluster_remote_reservations") == 0
+    # and serve everything sent to them afterwards
+    again = asyncio.run(spread(urls[:2], 4, 2, 2))
+    assert all(o.status == 200 for o in again)
+
+
+def test_killing_nats_under_load(three: Setup) -> None:
+    urls = [g.url for g in three.gateways]
+
+    async def load_and_kill() -> list[Outcome]:
+        task = asyncio.create_task(spread(urls, 6, 6, 3))
+        await asyncio.sleep(0.5)
+        three.nats.stop()
+        return await task
+
+    outcomes = asyncio.run(load_and_kill())
+    assert all(o.status == 200 for o in outcomes), [o.error for o in outcomes if o.status != 200]
+    for g in three.gateways:
+        until(lambda g=g: metric(g.url, "conductor_cluster_connected") == 0)
+    three.nats.start()
+    for g in three.gateways:
+        until(lambda g=g: metric(g.url, "conductor_cluster_connected") == 1)
+        until(lambda g=g: metric(g.url, "conductor_cluster_peers") == 2)
+    after = asyncio.run(spread(urls, 3, 2, 4))
+    assert all(o.status == 200 for o in after)

@@ -1,0 +1,119 @@
+"""ReplicaSync over a real nats-server (started by the test): reservations reach the other
+replica, a replica that leaves or goes silent is expired, and when nats-server dies the
+replicas go degraded and resynchronise after it is back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import pytest
+
+from conductor.cluster.config import ClusterConfig
+from conductor.cluster.embedded import NatsServer
+from conductor.cluster.nats_backend import NatsTransport
+from conductor.cluster.protocol import Batch, decode, encode
+from conductor.cluster.sync import ReplicaSync
+from conductor.core.events import PrefillFinished, RequestFinished
+from conductor.core.plan import Plan
+from conductor.core.types import RequestId
+from tests.core.test_replication import replica, req
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def nats_server() -> Iterator[NatsServer]:
+    with NatsServer() as ns:
+        yield ns
+
+
+def make(url: str, rid: str) -> ReplicaSync:
+    cfg = ClusterConfig(url=url, replica_id=rid, heartbeat_s=0.1, expiry_s=0.5, reconnect_s=0.1)
+    transport = NatsTransport(url, cfg.subject, rid, cfg.reconnect_s)
+    return ReplicaSync(cfg, replica(), transport, time.monotonic)
+
+
+async def until(cond: object, timeout_s: float = 10.0) -> None:
+    assert callable(cond)
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def replicas(url: str, *names: str) -> AsyncIterator[list[ReplicaSync]]:
+    syncs = [make(url, n) for n in names]
+    async with AsyncExitStack() as stack:
+        for s in syncs:
+            await stack.enter_async_context(s.running())
+        await until(lambda: all(s.connected and len(s.peers) == len(names) - 1 for s in syncs))
+        yield syncs
+
+
+def test_messages_round_trip() -> None:
+    from conductor.cluster.protocol import to_wire
+
+    a = replica()
+    a.schedule(req("r1"), 0.0)
+    msg = Batch("A", 1, [to_wire(e) for e in a.outbox])
+    assert decode(encode(msg)) == msg
+
+
+async def test_reservations_reach_the_other_replica(nats_server: NatsServer) -> None:
+    async with replicas(nats_server.url, "A", "B") as (a, b):
+        plan = a.scheduler.schedule(req("r1"), time.monotonic())
+        assert isinstance(plan, Plan)
+        await until(lambda: b.scheduler.remote.count("A") == 1)
+        st = b.scheduler.instances[plan.prefill].prefill
+        assert st.queued_requests == 1 and st.queued_tokens == 400
+        a.scheduler.on_event(PrefillFinished(RequestId("r1"), plan.prefill, time.monotonic()))
+        await until(lambda: st.queued_requests == 0)
+        a.scheduler.on_event(RequestFinished(RequestId("r1"), plan.decode, time.monotonic()))
+        await until(lambda: b.scheduler.remote.count("A") == 0)
+        assert b.scheduler.instances[plan.decode].decode.batch_size == 0
+        assert b.counters["gaps"] == 0 and b.counters["batches_received"] == 3
+
+
+async def test_a_replica_that_leaves_or_vanishes_is_expired(nats_server: NatsServer) -> None:
+    async with replicas(nats_server.url, "A", "B", "C") as (a, b, c):
+        a.scheduler.schedule(req("r1"), time.monotonic())
+        b.scheduler.schedule(req("r2"), time.monotonic())
+        await until(lambda: c.scheduler.remote.count("A") == 1 == c.scheduler.remote.count("B"))
+        # B vanishes without a word (its tasks stop; no Bye): expired after expiry_s
+        b.transport.publish = _silent  # type: ignore[method-assign]
+        await until(lambda: "B" not in c.peers and "B" not in a.peers, timeout_s=5)
+        assert c.scheduler.remote.count("B") == 0
+        assert c.scheduler.remote.count("A") == 1
+    # leaving the block: each says Bye
+
+
+async def _silent(data: bytes) -> bool:
+    return False
+
+
+async def test_nats_outage_degrades_and_resyncs(nats_server: NatsServer) -> None:
+    async with replicas(nats_server.url, "A", "B") as (a, b):
+        a.scheduler.schedule(req("r1"), time.monotonic())
+        await until(lambda: b.scheduler.remote.count("A") == 1)
+        nats_server.stop()
+        await until(lambda: not a.connected and not b.connected)
+        # degraded: both keep scheduling on local state; the peers expire
+        plan2 = a.scheduler.schedule(req("r2", 200), time.monotonic())
+        assert isinstance(plan2, Plan)
+        await until(lambda: not a.peers and not b.peers, timeout_s=5)
+        assert b.scheduler.remote.count("A") == 0
+        nats_server.start()
+        await until(lambda: a.connected and b.connected, timeout_s=15)
+        # back: B learns both of A's reservations (r2 was decided while NATS was down)
+        await until(lambda: b.scheduler.remote.count("A") == 2, timeout_s=10)
+        assert b.counters["snapshots_applied"] >= 1
