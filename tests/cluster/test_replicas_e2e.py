@@ -120,7 +120,10 @@ async def spread(urls: list[str], n_conv: int, turns: int, seed: int) -> list[Ou
     return [o for c in done for o in c]
 
 
-def summary(outcomes: list[Outcome]) -> tuple[float, dict[str, float], dict[str, float]]:
+Summary = tuple[float, dict[str, float], dict[str, float]]
+
+
+def summary(outcomes: list[Outcome]) -> Summary:
     ok = [o for o in outcomes if o.status == 200]
     assert len(ok) == len(outcomes), [o.error for o in outcomes if o.status != 200][:3]
     hit = sum(o.cached_tokens for o in ok) / sum(o.prompt_tokens for o in ok)
@@ -153,6 +156,8 @@ def run_once(
 def test_three_replicas_balance_and_hit_like_one(tmp_path: Path, nats: NatsServer) -> None:
     hit1, pre1, dec1 = run_once(tmp_path / "one", nats, 1)
     hit3, pre3, dec3 = run_once(tmp_path / "three", nats, 3)
+    print(f"hit rate 1 gateway {hit1:.3f}, 3 replicas {hit3:.3f}; prefill {pre1} vs {pre3};"
+          f" decode {dec1} vs {dec3}")  # fmt: skip
     assert abs(hit3 - hit1) <= 0.05, (hit1, hit3)
     for one, three in ((pre1, pre3), (dec1, dec3)):
         for engine in set(one) | set(three):
