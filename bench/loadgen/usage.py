@@ -42,6 +42,20 @@ def cpu_s(pids: Sequence[int]) -> float | None:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def group_pids(pgid: int) -> list[int]:
+    """Every process in process group ``pgid`` (a gateway and its ``--workers`` children,
+    and the nats-server it embeds; Linux ``/proc``)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            out.append(int(stat.parent.name))
+    return out or [pgid]
+
+
 def cpu_ms_per_request(before: float | None, after: float | None, ok: int) -> float | None:
     if before is None or after is None or ok == 0:
         return None

@@ -162,3 +162,11 @@ def test_capacity_finds_a_speed(tmp_path: Path) -> None:
     assert data[0]["policy"] == "mooncake"
     point = data[0]["tbt_100ms"]
     assert point["speed"] > 0 and point["attainment"] >= 0.9
+
+
+def test_replica_options_are_named() -> None:
+    r = runner.invoke(app, ["simulate", "--replicas", "0"])
+    assert r.exit_code == 2 and r.stderr.startswith("error: invalid --replicas=0: must be >= 1")
+    r = runner.invoke(app, ["simulate", "--sync-delay-ms", "-1"])
+    assert r.exit_code == 2
+    assert r.stderr.startswith("error: invalid --sync-delay-ms=-1.0: must be >= 0")

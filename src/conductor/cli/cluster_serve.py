@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
@@ -24,6 +25,7 @@ from typing import Any
 
 from conductor.cli.serve_config import ServeSettings
 from conductor.cluster.config import ClusterConfig
+from conductor.core.errors import InvalidInput
 from conductor.core.replication import ReplicaScheduler
 
 log = logging.getLogger("conductor.serve")
@@ -34,6 +36,15 @@ def replica_id(cluster: ClusterConfig) -> ClusterConfig:
     if cluster.replica_id:
         return cluster
     return replace(cluster, replica_id=f"{socket.gethostname()}-{os.getpid()}")
+
+
+STAGGER_SLOTS = 1024
+
+
+def stagger(replica: str) -> tuple[int, int]:
+    """Where in the instance order this replica starts breaking ties (a stable hash of its
+    id; see :meth:`~conductor.core.replication.ReplicaScheduler.pools`)."""
+    return zlib.crc32(replica.encode()) % STAGGER_SLOTS, STAGGER_SLOTS
 
 
 def with_sync(
@@ -79,6 +90,8 @@ def run_workers(settings: ServeSettings, target: Callable[[ServeSettings, bool],
     started for them and stopped at the end."""
     from conductor.cluster.embedded import NatsServer
 
+    if settings.gateway.port == 0:
+        raise InvalidInput("port", 0, "--workers > 1 share one fixed port; give one")
     logging.basicConfig(level=settings.log_level.upper())
     embedded: NatsServer | None = None
     cluster = settings.cluster

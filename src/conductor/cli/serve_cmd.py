@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from conductor.cli import cluster_serve
 from conductor.cli.serve_config import DEFAULTS, ServeSettings, build_settings
 from conductor.core.costmodel import PRESETS
 from conductor.core.errors import ConductorError
@@ -33,8 +35,16 @@ log = logging.getLogger("conductor.serve")
 def build_conductor(settings: ServeSettings) -> Scheduler:
     """The scheduler for the gateway: requests placed on a ``both`` engine decode there; a
     replica (sharing its reservations) with ``--cluster``."""
-    kind = Scheduler if settings.cluster is None else ReplicaScheduler
-    conductor = kind(settings.cost, policy=settings.policy, config=settings.scheduler)
+    conductor: Scheduler
+    if settings.cluster is None:
+        conductor = Scheduler(settings.cost, policy=settings.policy, config=settings.scheduler)
+    else:
+        conductor = ReplicaScheduler(
+            settings.cost,
+            policy=settings.policy,
+            config=settings.scheduler,
+            stagger=cluster_serve.stagger(settings.cluster.replica_id),
+        )
     conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
     return conductor
 
@@ -42,8 +52,6 @@ def build_conductor(settings: ServeSettings) -> Scheduler:
 def run_server(settings: ServeSettings, reuse_port: bool = False) -> None:
     """Serve until SIGINT/SIGTERM (``--workers N``: supervise N of these, see
     :mod:`conductor.cli.cluster_serve`)."""
-    from conductor.cli import cluster_serve
-
     if settings.workers > 1:
         cluster_serve.run_workers(settings, run_server)
         return
@@ -57,13 +65,15 @@ def run_server(settings: ServeSettings, reuse_port: bool = False) -> None:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call
     tokenizer = HfTokenizer.load(settings.model_path)
+    if settings.cluster is not None:
+        settings = replace(settings, cluster=cluster_serve.replica_id(settings.cluster))
     conductor = build_conductor(settings)
     gateway = Gateway(settings.gateway, conductor, tokenizer)
     host, port = settings.gateway.host, settings.gateway.port
     lifespan = app.lifespan(gateway)
     if settings.cluster is not None:
         assert isinstance(conductor, ReplicaScheduler)
-        cluster = cluster_serve.replica_id(settings.cluster)
+        cluster = settings.cluster
         log.info("conductor serve: replica %s of %s", cluster.replica_id, cluster.url)
         lifespan = cluster_serve.with_sync(
             lifespan, cluster, conductor, gateway.metrics.registry, gateway.clock

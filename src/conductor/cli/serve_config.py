@@ -122,12 +122,8 @@ KEYS: dict[str, Key] = {
 """Every ``[gateway]`` key and its command-line option; ``model_path`` is required."""
 DEFAULTS: dict[str, object] = {key: k.default() for key, k in KEYS.items()}
 """Each key's default, read off the config dataclasses."""
-FIELD_KEYS = {
-    "block_size_tokens": "block_size",
-    "tbt_slo_s": "tbt_slo_ms",
-    "heartbeat_s": "cluster_heartbeat_s",
-    "expiry_s": "cluster_expiry_s",
-}
+FIELD_KEYS = {"block_size_tokens": "block_size", "tbt_slo_s": "tbt_slo_ms",
+              "heartbeat_s": "cluster_heartbeat_s", "expiry_s": "cluster_expiry_s"}  # fmt: skip
 """Config fields whose key has another name."""
 
 
@@ -357,17 +353,9 @@ def _build(
         cluster=v.opt_str("cluster"),
         workers=v.int_("workers"),
     )
-    cluster = (
-        None
-        if options.cluster is None
-        else ClusterConfig(
-            url=options.cluster,
-            replica_id=v.str_("replica_id"),
-            cluster_name=v.str_("cluster_name"),
-            heartbeat_s=v.float_("cluster_heartbeat_s"),
-            expiry_s=v.float_("cluster_expiry_s"),
-        )
-    )
+    cluster = None if options.cluster is None else ClusterConfig(
+        options.cluster, v.str_("replica_id"), v.str_("cluster_name"),
+        v.float_("cluster_heartbeat_s"), v.float_("cluster_expiry_s"))  # fmt: skip
     cost = with_overrides(
         preset(options.preset),
         prefill_tokens_per_s=options.prefill_tokens_per_s,
@@ -407,15 +395,5 @@ def _build(
             kv_queue_size=v.int_("kv_queue_size"),
         ),
     )
-    if options.workers > 1 and gateway.port == 0:
-        raise InvalidInput("port", 0, "--workers > 1 share one fixed port; give one")
-    return ServeSettings(
-        gateway,
-        scheduler,
-        cost,
-        options.policy,
-        model_path,
-        options.log_level,
-        cluster,
-        options.workers,
-    )
+    return ServeSettings(gateway, scheduler, cost, options.policy, model_path,
+                         options.log_level, cluster, options.workers)  # fmt: skip

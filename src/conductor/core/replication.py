@@ -29,6 +29,7 @@ from conductor.core.plan import Decision, Plan, Rejection
 from conductor.core.policies import DecodePolicy
 from conductor.core.policies.registry import DEFAULT_POLICY
 from conductor.core.scheduler import Scheduler
+from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId, Request, RequestId
 
 
@@ -89,8 +90,11 @@ class ReplicaScheduler(Scheduler):
         policy: str = DEFAULT_POLICY,
         config: SchedulerConfig | None = None,
         decode_policy: DecodePolicy | None = None,
+        stagger: tuple[int, int] = (0, 1),
     ) -> None:
         super().__init__(cost, policy=policy, config=config, decode_policy=decode_policy)
+        self.stagger = stagger
+        self._rotated: tuple[object, tuple[list[InstanceState], list[InstanceState]]] | None = None
         self.outbox: list[ReservationEvent] = []
         self.notify: Callable[[], None] | None = None
         self.remote = RemoteReservations(self)
@@ -101,6 +105,20 @@ class ReplicaScheduler(Scheduler):
         if not self.outbox and self.notify is not None:
             self.notify()
         self.outbox.append(event)
+
+    def pools(self) -> tuple[list[InstanceState], list[InstanceState]]:
+        """The pools in an order of this replica's own: ``stagger = (k, n)`` (replica ``k``
+        of ``n``) starts them ``k/n`` of the way round, so replicas that see the same load
+        break its exact ties on different instances instead of herding onto the first."""
+        base = super().pools()
+        k, n = self.stagger
+        if k == 0:
+            return base
+        if self._rotated is None or self._rotated[0] is not base:
+            pre, dec = base
+            i, j = k * len(pre) // n, k * len(dec) // n
+            self._rotated = (base, (pre[i:] + pre[:i], dec[j:] + dec[:j]))
+        return self._rotated[1]
 
     def decode_duration_s(self, request: Request, tbt_s: float) -> float:
         """How long the decode reservation is predicted to last (the scheduler's rule)."""

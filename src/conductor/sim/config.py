@@ -27,7 +27,8 @@ class SimConfig:
     ``replica_sample_every_s``: sample how many prefill caches hold the blocks ranked
     ``replica_ranks`` by use in the whole trace (FAST Fig. 11; 0 = never).
     ``replicas``: scheduler replicas the arrivals are spread over (round-robin), each seeing
-    the others' reservations ``sync_delay_s`` late (:mod:`conductor.sim.replicas`).
+    the others' reservations ``sync_delay_s`` late (:mod:`conductor.sim.replicas`);
+    ``replica_stagger``: each replica breaks exact ties in its own instance order.
     """
 
     policy: str = DEFAULT_POLICY
@@ -44,6 +45,7 @@ class SimConfig:
     replica_ranks: tuple[int, ...] = (10, 100, 1000)
     replicas: int = 1
     sync_delay_s: float = 0.0
+    replica_stagger: bool = True
 
     def __post_init__(self) -> None:
         check_policy(self.policy)

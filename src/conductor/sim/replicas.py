@@ -40,7 +40,14 @@ def make_scheduler(cfg: SimConfig) -> Scheduler:
     """One scheduler, or a :class:`ReplicaSet` when ``cfg.replicas > 1``."""
     if cfg.replicas == 1:
         return Scheduler(cfg.cost, policy=cfg.policy, config=cfg.scheduler)
-    return ReplicaSet(cfg.cost, cfg.policy, cfg.scheduler, cfg.replicas, cfg.sync_delay_s)
+    return ReplicaSet(
+        cfg.cost,
+        cfg.policy,
+        cfg.scheduler,
+        cfg.replicas,
+        cfg.sync_delay_s,
+        stagger=cfg.replica_stagger,
+    )
 
 
 class ReplicaSet(ReplicaScheduler):
@@ -58,10 +65,16 @@ class ReplicaSet(ReplicaScheduler):
         config: SchedulerConfig,
         replicas: int,
         delay_s: float,
+        stagger: bool = True,
     ) -> None:
         super().__init__(cost, policy=policy, config=config)
         self.peers: list[ReplicaScheduler] = [self] + [
-            ReplicaScheduler(cost, policy=policy, config=replace(config, seed=config.seed + k))
+            ReplicaScheduler(
+                cost,
+                policy=policy,
+                config=replace(config, seed=config.seed + k),
+                stagger=(k, replicas) if stagger else (0, 1),
+            )
             for k in range(1, replicas)
         ]
         self.names = [f"r{k}" for k in range(replicas)]
