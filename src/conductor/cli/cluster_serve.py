@@ -97,7 +97,7 @@ def run_workers(settings: ServeSettings, target: Callable[[ServeSettings, bool],
     cluster = settings.cluster
     if cluster is None:
         embedded = NatsServer().start()
-        cluster = ClusterConfig(url=embedded.url)
+        cluster = ClusterConfig(url=embedded.url, replica_id=settings.replica_id)
         log.info("conductor serve: embedded nats-server at %s", embedded.url)
     base = replica_id(cluster).replica_id
     ctx = multiprocessing.get_context("spawn")

@@ -139,6 +139,7 @@ class ServeSettings:
     log_level: str
     cluster: ClusterConfig | None = None
     workers: int = 1
+    replica_id: str = ""  # also without a cluster URL: --workers names its workers after it
 
     def describe(self) -> dict[str, object]:
         g = self.gateway
@@ -395,5 +396,5 @@ def _build(
             kv_queue_size=v.int_("kv_queue_size"),
         ),
     )
-    return ServeSettings(gateway, scheduler, cost, options.policy, model_path,
-                         options.log_level, cluster, options.workers)  # fmt: skip
+    return ServeSettings(gateway, scheduler, cost, options.policy, model_path, options.log_level,
+                         cluster, options.workers, v.str_("replica_id"))  # fmt: skip
