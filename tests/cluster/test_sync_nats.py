@@ -117,3 +117,37 @@ async def test_nats_outage_degrades_and_resyncs(nats_server: NatsServer) -> None
         # back: B learns both of A's reservations (r2 was decided while NATS was down)
         await until(lambda: b.scheduler.remote.count("A") == 2, timeout_s=10)
         assert b.counters["snapshots_applied"] >= 1
+
+
+async def test_a_gap_is_resynchronised_from_a_snapshot(nats_server: NatsServer) -> None:
+    """A raw NATS client plays replica X: batch 1, then batch 3 (2 lost); A asks X for a
+    snapshot, and X's snapshot replaces what A held of it."""
+    import nats
+
+    from conductor.cluster.protocol import Snapshot, SnapshotRequest, WReleased, WReserved
+
+    def reserved(rid: str) -> WReserved:
+        return WReserved(rid, ["p0"], 0.5, 400, "d0", 400, 10, 0.5, 1.0)
+
+    x = await nats.connect(nats_server.url)
+    heard: list[object] = []
+
+    async def on(msg: object) -> None:
+        heard.append(decode(msg.data))  # type: ignore[attr-defined]
+
+    async with replicas(nats_server.url, "A") as (a,):
+        subject = a.config.subject
+        await x.subscribe(subject, cb=on)
+        await x.publish(subject, encode(Batch("X", 1, [reserved("r1"), reserved("r2")])))
+        await until(lambda: a.scheduler.remote.count("X") == 2)
+        await x.publish(subject, encode(Snapshot("X", 1, [reserved("r1"), reserved("r2")])))
+        await until(lambda: a.counters["snapshots_applied"] == 1)
+        await x.publish(subject, encode(Batch("X", 3, [WReleased("r1", True)])))
+        await until(lambda: a.counters["gaps"] == 1)
+        await until(lambda: any(isinstance(m, SnapshotRequest) and m.target == "X" for m in heard))
+        assert a.scheduler.remote.count("X") == 1
+        await x.publish(subject, encode(Snapshot("X", 3, [reserved("r3")])))
+        await until(lambda: a.counters["snapshots_applied"] == 2)
+        assert sorted(a.scheduler.remote.by_replica["X"]) == ["r3"]
+        assert a.scheduler.instances["p0"].prefill.queued_requests == 1  # type: ignore[index]
+    await x.close()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 
 import msgspec
@@ -91,6 +91,13 @@ class ReplicaSync:
             0,
         )  # fmt: skip
         self._wake = asyncio.Event()
+        self._sends: set[asyncio.Task[object]] = set()
+
+    def _spawn(self, coro: Coroutine[object, object, object]) -> None:
+        """Run ``coro`` in the background, holding a reference until it is done."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
 
     # -- lifecycle -----------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -241,11 +248,10 @@ class ReplicaSync:
         if peer.asked_at_s is not None and now - peer.asked_at_s < self.config.heartbeat_s:
             return
         peer.asked_at_s = now
-        data = encode(SnapshotRequest(self.replica_id, replica))
-        asyncio.get_running_loop().create_task(self.transport.publish(data))
+        self._spawn(self.transport.publish(encode(SnapshotRequest(self.replica_id, replica))))
 
     def _send_snapshot(self) -> None:
-        asyncio.get_running_loop().create_task(self._snapshot())
+        self._spawn(self._snapshot())
 
     async def _snapshot(self) -> None:
         await self._flush()  # what is queued goes out as a batch first, numbered before it
