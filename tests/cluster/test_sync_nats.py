@@ -151,3 +151,21 @@ async def test_a_gap_is_resynchronised_from_a_snapshot(nats_server: NatsServer) 
         assert sorted(a.scheduler.remote.by_replica["X"]) == ["r3"]
         assert a.scheduler.instances["p0"].prefill.queued_requests == 1  # type: ignore[index]
     await x.close()
+
+
+async def test_a_replica_started_without_nats_serves_and_joins_later() -> None:
+    from conductor.cluster.embedded import free_port
+
+    port = free_port()
+    url = f"nats://127.0.0.1:{port}"
+    a = make(url, "A")
+    async with a.running():
+        await asyncio.sleep(0.3)
+        assert not a.connected
+        plan = a.scheduler.schedule(req("r1"), time.monotonic())
+        assert isinstance(plan, Plan)  # degraded: local state only
+        await until(lambda: a.counters["batches_dropped"] == 1)
+        with NatsServer(port=port):
+            await until(lambda: a.connected, timeout_s=10)
+            async with make(url, "B").running() as b:
+                await until(lambda: b.scheduler.remote.count("A") == 1)
