@@ -155,7 +155,7 @@ def run_once(
         if n_gateways > 1:
             until(lambda: all(metric(g.url, "conductor_cluster_peers") == n_gateways - 1
                               for g in s.gateways))  # fmt: skip
-        return summary(asyncio.run(spread([g.url for g in s.gateways], 8, 6, 0)))
+        return summary(asyncio.run(spread([g.url for g in s.gateways], 12, 6, 0)))
     finally:
         s.cluster.stop()
 
