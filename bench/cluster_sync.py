@@ -100,8 +100,9 @@ def publish_apply(n_inst: int, reqs: list[Request]) -> tuple[float, float, int]:
     return enc, apply, sum(len(x) for x in batches)
 
 
-async def nats_round_trip(n_inst: int, reqs: list[Request]) -> dict[str, float]:
-    """Replica A schedules everything; the wall time until replica B has applied it all."""
+async def nats_round_trip(n_inst: int, reqs: list[Request], wave: int = 64) -> dict[str, float]:
+    """Replica A schedules everything, ``wave`` requests per event-loop pass; the
+    wall and CPU time (both replicas are in this process) until B has applied it all."""
     with NatsServer() as ns:
         syncs = []
         for name in ("A", "B"):
@@ -117,19 +118,21 @@ async def nats_round_trip(n_inst: int, reqs: list[Request]) -> dict[str, float]:
         async with a.running(), b.running():
             while not (a.connected and b.connected and a.peers and b.peers):
                 await asyncio.sleep(0.01)
-            t0 = time.perf_counter()
-            for k in range(0, len(reqs), 64):
-                for r in reqs[k : k + 64]:
+            t0, c0 = time.perf_counter(), time.process_time()
+            for k in range(0, len(reqs), wave):
+                for r in reqs[k : k + wave]:
                     p = a.scheduler.schedule(r, time.monotonic())
                     assert isinstance(p, Plan)
                     a.scheduler.on_event(RequestFinished(p.request_id, p.decode, time.monotonic()))
                 await asyncio.sleep(0)
             while b.counters["batches_received"] < a.counters["batches_sent"]:
                 await asyncio.sleep(0.001)
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         return {
             "requests": len(reqs),
+            "requests_per_loop_pass": wave,
             "wall_s": round(wall, 3),
+            "cpu_us_per_request": round(cpu / len(reqs) * 1e6, 1),
             "batches": a.counters["batches_sent"],
         }
 
@@ -149,6 +152,7 @@ def main() -> None:
     plain, replica = statistics.median(plains), statistics.median(replicas)
     enc, apply, size = publish_apply(args.instances, reqs)
     trip = asyncio.run(nats_round_trip(args.instances, reqs[:5000]))
+    trip1 = asyncio.run(nats_round_trip(args.instances, reqs[:5000], wave=1))
     out = {
         "requests": n,
         "instances_each_side": args.instances,
@@ -158,6 +162,7 @@ def main() -> None:
         "apply_us_per_remote_request": round(apply / n * 1e6, 2),
         "wire_bytes_per_request": round(size / n, 1),
         "nats_round_trip": trip,
+        "nats_round_trip_unbatched": trip1,
     }
     for k, v in out.items():
         print(f"{k}: {v}")

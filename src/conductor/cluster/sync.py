@@ -3,10 +3,11 @@
 :class:`ReplicaSync` owns a :class:`~conductor.cluster.protocol.Transport` and the local
 :class:`~conductor.core.replication.ReplicaScheduler`. While :meth:`ReplicaSync.running`:
 
-- **publish**: whenever the scheduler's outbox fills, the events go out as one
-  :class:`~conductor.cluster.protocol.Batch` on the loop's next pass (so a burst of decisions
-  is one message); batches are numbered, and a batch that cannot be sent (NATS unreachable)
-  still takes its number, so the peers see the gap and resynchronise.
+- **publish**: ``flush_s`` after the scheduler's outbox stops being empty, what it holds goes
+  out as one :class:`~conductor.cluster.protocol.Batch` (a burst of decisions, and at high
+  rates many requests' events, share one message); batches are numbered, and a batch that
+  cannot be sent (NATS unreachable) still takes its number, so the peers see the gap and
+  resynchronise.
 - **apply**: the peers' batches go into the scheduler's ``remote`` reservations at local
   time; a peer first heard of, or whose numbers jump, is asked for a snapshot, which then
   replaces what we hold of it.
@@ -136,6 +137,7 @@ class ReplicaSync:
     async def _publisher(self) -> None:
         while True:
             await self._wake.wait()
+            await asyncio.sleep(self.config.flush_s)  # let a batch gather
             self._wake.clear()
             await self._flush()
 
