@@ -109,9 +109,10 @@ async def spread(urls: list[str], n_conv: int, turns: int, seed: int) -> list[Ou
 
 
 async def spread_to(
-    urls: list[str], n_conv: int, turns: int, seed: int
+    urls: list[str], n_conv: int, turns: int, seed: int, done: list[int] | None = None
 ) -> list[tuple[str, Outcome]]:
-    """As :func:`spread`, each outcome with the replica it was sent to."""
+    """As :func:`spread`, each outcome with the replica it was sent to; ``done[0]`` counts
+    the requests answered so far."""
     convs = conversations(n_conv, turns, seed)
     counter = iter(range(10**9))
     async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as client:
@@ -121,6 +122,8 @@ async def spread_to(
             for t, msgs in enumerate(convs[i]):
                 url = urls[next(counter) % len(urls)]
                 out.append((url, await _one(client, url, MODEL, i, t, msgs)))
+                if done is not None:
+                    done[0] += 1
             return out
 
         done = await asyncio.gather(*(conv(i) for i in range(n_conv)))
@@ -192,8 +195,10 @@ def test_killing_a_replica_under_load(three: Setup) -> None:
     victim = three.gateways[2]
 
     async def load_and_kill() -> list[tuple[str, Outcome]]:
-        task = asyncio.create_task(spread_to(urls, 9, 6, 1))
-        await asyncio.sleep(1.0)
+        done = [0]
+        task = asyncio.create_task(spread_to(urls, 9, 8, 1, done))
+        while done[0] < 9:  # one turn of every conversation: the rest is still to come
+            await asyncio.sleep(0.01)
         os.killpg(victim.popen.pid, signal.SIGKILL)
         t0 = time.monotonic()
         out = await task
@@ -220,13 +225,17 @@ def test_killing_a_replica_under_load(three: Setup) -> None:
 def test_killing_nats_under_load(three: Setup) -> None:
     urls = [g.url for g in three.gateways]
 
-    async def load_and_kill() -> list[Outcome]:
-        task = asyncio.create_task(spread(urls, 6, 6, 3))
-        await asyncio.sleep(0.5)
+    async def load_and_kill() -> tuple[list[Outcome], int]:
+        done = [0]
+        task = asyncio.create_task(spread_to(urls, 6, 8, 3, done))
+        while done[0] < 6:
+            await asyncio.sleep(0.01)
         three.nats.stop()
-        return await task
+        at_kill = done[0]
+        return [o for _, o in await task], at_kill
 
-    outcomes = asyncio.run(load_and_kill())
+    outcomes, at_kill = asyncio.run(load_and_kill())
+    assert at_kill < len(outcomes) - 6  # most of the load ran without NATS
     assert all(o.status == 200 for o in outcomes), [o.error for o in outcomes if o.status != 200]
     for g in three.gateways:
         until(lambda g=g: metric(g.url, "conductor_cluster_connected") == 0)
