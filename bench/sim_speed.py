@@ -15,7 +15,12 @@ import time
 from conductor.core.config import SchedulerConfig
 from conductor.core.policies import DEFAULT_POLICY
 from conductor.sim import SimConfig, simulate
-from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
+from conductor.workload.trace import (
+    bundled_trace_path,
+    generated_tokens,
+    read_trace,
+    records_to_requests,
+)
 
 
 def run(policy: str, n: int, limit: int | None) -> dict[str, object]:
@@ -23,7 +28,7 @@ def run(policy: str, n: int, limit: int | None) -> dict[str, object]:
     requests = records_to_requests(records)
     cfg = SimConfig(policy=policy, n_prefill=n, n_decode=n, scheduler=SchedulerConfig())
     t0 = time.perf_counter()
-    res = simulate(requests, cfg)
+    res = simulate(requests, cfg, outputs=generated_tokens(records))
     wall = time.perf_counter() - t0
     return {
         "policy": policy,

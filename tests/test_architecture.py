@@ -1,9 +1,10 @@
 """The rooms of ``src/conductor`` and which way their imports point (docs/architecture.md).
 
 ``cli`` is the only composition root; the shells (``sim``, ``gateway``, ``emulator``, ``demo``,
-``perf``) never import each other; the shared parts (``wire``, ``web``, ``hf``, ``workload``)
-import only ``core`` and themselves; ``core`` imports only itself (its purity, no clocks or
-sockets, is checked in tests/core/test_purity.py). No module grows past ``MAX_LINES``.
+``perf``, ``profiling``, ``replay``) never import each other; the shared parts (``wire``,
+``web``, ``hf``, ``workload``) import only ``core`` and themselves; ``core`` imports only
+itself (its purity, no clocks or sockets, is checked in tests/core/test_purity.py). No module
+grows past ``MAX_LINES``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "gateway": frozenset({"core", "wire", "web", "hf", "gateway"}),
     "emulator": frozenset({"core", "wire", "web", "hf", "emulator"}),
     "demo": frozenset({"core", "hf", "demo"}),
+    "profiling": frozenset({"core", "web", "hf", "workload", "profiling"}),
+    "replay": frozenset({"core", "web", "workload", "replay"}),
 }
 """Room -> the rooms it may import. ``cli`` may import every room and is not listed."""
 
@@ -64,7 +67,7 @@ def test_imports_point_one_way(room: str) -> None:
 
 
 def test_only_the_cli_composes_shells() -> None:
-    shells = {"sim", "gateway", "emulator", "demo", "perf"}
+    shells = {"sim", "gateway", "emulator", "demo", "perf", "profiling", "replay"}
     for f in sorted(SRC.rglob("*.py")):
         room = f.relative_to(SRC).parts[0]
         if room == "cli":

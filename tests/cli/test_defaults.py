@@ -68,6 +68,9 @@ def test_simulation_options_default_to_the_config_fields() -> None:
         if command != "capacity":
             assert got["--tbt-slo-ms"] == sched.tbt_slo_s * 1e3
             assert got["--kv-event-delay-s"] == sim.kv_event_delay_s
+        assert got["--cost-error"] == sim.cost_error == 0.0
+        assert got["--cost-bias"] == sim.cost_bias == 0.0
+        assert got["--correction"] is sched.cost_correction is True
     assert _defaults("trace", "stats")["--lru-tokens"] == sim.cache_capacity_tokens
     assert _defaults("bench", "decision")["--preset"] == DEFAULT_PRESET
 
@@ -84,10 +87,10 @@ def test_serve_keys_default_to_the_config_fields() -> None:
 
 
 def test_one_preset_table_serves_simulator_and_gateway() -> None:
-    assert {"tiny-cpu", DEFAULT_PRESET} <= set(PRESETS)
-    assert preset("tiny-cpu").name == "tiny-cpu"
-    cfg = SimConfig(cost=preset("tiny-cpu"))
-    assert cfg.cost is PRESETS["tiny-cpu"]
+    assert {"llama3-8b-h100", DEFAULT_PRESET} <= set(PRESETS)
+    assert preset("llama3-8b-h100").name == "llama3-8b-h100"
+    cfg = SimConfig(cost=preset("llama3-8b-h100"))
+    assert cfg.cost is PRESETS["llama3-8b-h100"]
 
 
 def test_field_default_and_renamed() -> None:
@@ -115,6 +118,9 @@ def test_field_default_and_renamed() -> None:
         (["compare", "--decode", "-2"], "invalid --decode=-2: must be >= 1"),
         (["simulate", "--cache-tokens", "-5"], "invalid --cache-tokens=-5: must be >= 0"),
         (["simulate", "--kv-event-delay-s", "-1"], "invalid --kv-event-delay-s=-1.0: must be"),
+        (["simulate", "--cost-error", "-1"], "invalid --cost-error=-1.0: must be >= 0"),
+        (["compare", "--cost-bias", "-1"], "invalid --cost-bias=-1.0: must be > -1"),
+        (["capacity", "--cost-error", "-0.5"], "invalid --cost-error=-0.5: must be >= 0"),
         (["simulate", "--admission", "maybe"], "invalid --admission='maybe': must be one of: "),
         (["simulate", "--preset", "gpt5"], "invalid --preset='gpt5': unknown; known: "),
         (["bench", "decision", "--policy", "x"], "invalid --policy='x': unknown policy;"),

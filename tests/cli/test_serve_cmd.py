@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from conductor.cli.main import app
 from conductor.cli.serve_config import build_settings, parse_engine_spec
 from conductor.core.errors import InvalidInput
+from tests.engines.costs import COMMITTED
 
 runner = CliRunner()
 ENGINE = "http://127.0.0.1:8100,role=both,kv_events=tcp://127.0.0.1:5557,block_size=32"
@@ -33,7 +34,7 @@ def test_check_prints_the_resolved_configuration(model_dir: Path) -> None:
     code, out, err = check(
         "--model-path", str(model_dir), "--block-size", "32", "--engine", ENGINE,
         "--engine", "http://10.0.0.2:8000,role=decode,id=dec,model=served,block_size=32",
-        "--preset", "tiny-cpu", "--prefill-tokens-per-s", "25000", "--ttft-slo-s", "2",
+        "--cost-file", str(COMMITTED), "--prefill-tokens-per-s", "25000", "--ttft-slo-s", "2",
     )  # fmt: skip
     assert code == 0, err
     cfg = json.loads(out)
@@ -42,7 +43,7 @@ def test_check_prints_the_resolved_configuration(model_dir: Path) -> None:
     assert cfg["block_size"] == 32
     assert cfg["policy"] == "conductor"
     assert cfg["admission"] == "early"
-    assert cfg["cost_model"] == "tiny-cpu+calibrated"
+    assert cfg["cost_model"] == "tiny-cpu+calibrated"  # the committed file's name
     assert cfg["ttft_slo_s"] == 2.0
     assert cfg["admin_api"] is False
     assert cfg["engines"] == [
@@ -175,7 +176,8 @@ def test_admin_token_from_environment(model_dir: Path) -> None:
         ),
         (
             ["--engine", ENGINE, "--admission", "maybe"],
-            "invalid --admission='maybe': must be one of: off, baseline, early, predictive",
+            "invalid --admission='maybe': must be one of: off, baseline, early, reserve,"
+            " predictive",
         ),
         (
             ["--engine", ENGINE, "--admin-token", "short"],
@@ -244,6 +246,25 @@ def test_scheduler_config_never_plans_cpp(model_dir: Path) -> None:
     assert settings.scheduler.cpp_enabled is False
     assert settings.scheduler.block_size_tokens == 32
     assert settings.gateway.block_size_tokens == 32
+
+
+def test_cost_file_from_toml_and_its_errors(model_dir: Path, tmp_path: Path) -> None:
+    toml = tmp_path / "gw.toml"
+    toml.write_text(f'[gateway]\ncost_file = "{COMMITTED}"\n')
+    base = ("--model-path", str(model_dir), "--block-size", "32", "--engine", ENGINE)
+    code, out, err = check("--config", str(toml), *base)
+    assert code == 0, err
+    assert json.loads(out)["cost_model"] == "tiny-cpu"
+    code, _, err = check("--config", str(toml), *base, "--preset", "llama3-8b-h100")
+    assert code == 2
+    assert err.startswith(f"error: invalid gateway.cost_file='{COMMITTED}': excludes --preset")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(COMMITTED.read_text().replace('form = "linear"', 'form = "cubic"'))
+    code, _, err = check(*base, "--cost-file", str(bad))
+    assert code == 2
+    assert err.startswith(f"error: invalid --cost-file='{bad}': invalid decode.form='cubic'")
+    code, _, err = check(*base, "--cost-file", str(tmp_path / "none.toml"))
+    assert code == 2 and "cannot read: No such file or directory" in err
 
 
 def test_cluster_options_and_toml_keys(model_dir: Path, tmp_path: Path) -> None:

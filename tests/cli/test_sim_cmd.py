@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from conductor.cli.main import app
@@ -162,6 +163,76 @@ def test_capacity_finds_a_speed(tmp_path: Path) -> None:
     assert data[0]["policy"] == "mooncake"
     point = data[0]["tbt_100ms"]
     assert point["speed"] > 0 and point["attainment"] >= 0.9
+
+
+def test_compare_runs_every_policy_on_equal_footing_plus_a_labelled_bundle(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "c.json"
+    args = ["compare", "--trace", str(_trace(tmp_path)), "--prefill", "2", "--decode", "1"]
+    result = runner.invoke(app, [*args, "--policies", "mooncake,conductor", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())
+    assert [(r["policy"], r["admission"], r["cpp"], r["bundle"]) for r in rows] == [
+        ("mooncake", "early", False, False),
+        ("conductor", "early", False, False),
+        ("conductor", "early", True, True),
+    ]
+    assert "conductor (own bundle: early+cpp)" in result.stdout
+    for r in rows:
+        assert set(r["rejected_by_prompt"]) == {"<=32k", "32k-64k", ">64k"}
+        assert r["goodput_tokens_per_s"] >= 0 and r["prefill_compute_s"] > 0
+        assert r["max_tokens"] == "none" and r["oracle_lengths"] is False
+    off = runner.invoke(app, [*args, "--policies", "mooncake", "--admission", "off", "--no-bundle"])
+    assert off.exit_code == 0, off.output
+    assert "mooncake " in off.stdout and "bundle" not in off.stdout
+
+
+def test_max_tokens_and_oracle_lengths(tmp_path: Path) -> None:
+    trace = str(_trace(tmp_path))
+    base = ["simulate", "--trace", trace, "--prefill", "2", "--decode", "1", "--json"]
+    summaries = {}
+    for extra in ([], ["--max-tokens", "trace"], ["--max-tokens", "cap:8"], ["--oracle-lengths"]):
+        out = tmp_path / f"s{len(summaries)}.json"
+        result = runner.invoke(app, [*base, str(out), *extra])
+        assert result.exit_code == 0, result.output
+        summaries[" ".join(extra)] = json.loads(out.read_text())
+    assert summaries[""]["max_tokens"] == "none"
+    assert summaries["--max-tokens cap:8"]["max_tokens"] == "cap:8"
+    assert summaries["--oracle-lengths"]["oracle_lengths"] is True
+    # cap:8 generates at most 8 tokens: fewer tokens of good requests than uncapped
+    capped = summaries["--max-tokens cap:8"]["goodput_tokens_per_s"]
+    assert capped < summaries["--max-tokens trace"]["goodput_tokens_per_s"]
+
+
+@pytest.mark.parametrize("value", ["cap:0", "cap:x", "foo"])
+def test_bad_max_tokens_is_named(value: str) -> None:
+    for cmd in ("simulate", "compare", "capacity"):
+        r = runner.invoke(app, [cmd, "--max-tokens", value])
+        assert r.exit_code == 2, (cmd, r.output)
+        assert r.stderr.startswith(f"error: invalid --max-tokens='{value}': "), r.stderr
+
+
+def test_cost_error_bias_and_correction_reach_the_simulation(tmp_path: Path) -> None:
+    trace = str(_trace(tmp_path))
+    base = ["simulate", "--trace", trace, "--prefill", "2", "--decode", "2", "--policy", "mooncake"]
+    runs = {}
+    for name, extra in {
+        "exact": [],
+        "slow": ["--cost-bias", "0.5"],
+        "slow-uncorrected": ["--cost-bias", "0.5", "--no-correction"],
+        "noisy": ["--cost-error", "0.3"],
+    }.items():
+        out = tmp_path / f"{name}.json"
+        result = runner.invoke(app, [*base, *extra, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        runs[name] = json.loads(out.read_text())
+    assert runs["slow"]["cost_bias"] == 0.5 and runs["noisy"]["cost_error"] == 0.3
+    assert runs["slow-uncorrected"]["cost_correction"] is False
+    slow, exact = runs["slow"]["prefill_compute_s"], runs["exact"]["prefill_compute_s"]
+    assert slow == pytest.approx(1.5 * exact, rel=1e-5)  # the JSON rounds to 6 decimals
+    assert runs["noisy"]["prefill_compute_s"] != runs["exact"]["prefill_compute_s"]
+    assert runs["slow"]["ttft_s"]["mean"] > runs["exact"]["ttft_s"]["mean"]
 
 
 def test_replica_options_are_named() -> None:

@@ -127,7 +127,7 @@ async def test_a_gap_is_resynchronised_from_a_snapshot(nats_server: NatsServer) 
     from conductor.cluster.protocol import Snapshot, SnapshotRequest, WReleased, WReserved
 
     def reserved(rid: str) -> WReserved:
-        return WReserved(rid, ["p0"], 0.5, 400, "d0", 400, 10, 0.5, 1.0)
+        return WReserved(rid, ["p0"], 0.5, 400, "d0", 400, 10.0, 10.0, 10, 0.5)
 
     x = await nats.connect(nats_server.url)
     heard: list[object] = []

@@ -28,6 +28,7 @@ def make_conductor(
     cost: CostModel = LINEAR_COST,
     **cfg: object,
 ) -> Scheduler:
+    cfg.setdefault("output_prior_tokens", 10)  # requests are predicted to generate 10 tokens
     config = SchedulerConfig(block_size_tokens=block_size, **cfg)  # type: ignore[arg-type]
     c = Scheduler(cost, policy=policy, config=config)
     for i in range(n_prefill):
@@ -41,8 +42,10 @@ def hashes(*ids: int) -> tuple[BlockHash, ...]:
     return tuple(BlockHash(i) for i in ids)
 
 
-def req(rid: str, blocks: tuple[BlockHash, ...], tokens: int, output: int = 10) -> Request:
-    return Request(RequestId(rid), tokens, blocks, output_tokens=output)
+def req(
+    rid: str, blocks: tuple[BlockHash, ...], tokens: int, max_tokens: int | None = None
+) -> Request:
+    return Request(RequestId(rid), tokens, blocks, max_tokens=max_tokens)
 
 
 def iid(name: str) -> InstanceId:

@@ -1,64 +1,125 @@
-"""Early rejection based on prediction (arXiv §7.4): exact decisions on hand-built clusters."""
+"""Admission (arXiv §7): early (current load), reserve (assigned load) and predictive (the
+forecast over the decode window), exact decisions on hand-built clusters."""
 
 from __future__ import annotations
 
 import pytest
 
-from conductor.core.admission import DecodeForecast
 from conductor.core.costmodel import LinearDecode
 from conductor.core.events import PrefillFinished, RequestFinished
+from conductor.core.forecast import DecodeForecast
+from conductor.core.output_length import LengthHistogram, OutputEstimate
 from conductor.core.plan import Plan, Rejection
+from conductor.core.scheduler import Scheduler
 from conductor.core.types import RequestId
 
 from .helpers import LINEAR_COST, iid, make_conductor, req
 
 # decode step = 10 ms + 10 ms per request; SLO 35 ms -> at most 2 requests per instance
 COST = LINEAR_COST.with_(decode=LinearDecode(0.010, 0.010, 0.0))
+SLO = 0.0525
+TEN = {"output_prior_tokens": 10}  # every request is predicted to generate 10 tokens
 
 
-def test_forecast_membership_and_load() -> None:
-    f = DecodeForecast()
-    f.add(RequestId("a"), iid("d0"), start_s=1.0, duration_s=10.0, context_tokens=100)
-    f.add(RequestId("b"), iid("d0"), start_s=5.0, duration_s=10.0, context_tokens=50)
-    assert f.membership_at(0.5) == {}
-    assert f.membership_at(6.0) == {iid("d0"): (2, 150)}
-    assert f.membership_at(12.0) == {iid("d0"): (1, 50)}
-    f.started(RequestId("b"), 3.0)  # prefill ended earlier than predicted
-    assert f.membership_at(12.5) == {iid("d0"): (1, 50)}
-    assert f.membership_at(13.5) == {}
-    f.remove(RequestId("a"))
-    assert len(f) == 1
+def _at(c: Scheduler, name: str, now: float, prefill_end: float | None = None) -> Plan:
+    d = c.schedule(req(name, (), 10), now)
+    assert isinstance(d, Plan), d
+    if prefill_end is not None:
+        c.on_event(PrefillFinished(RequestId(name), iid("p0"), prefill_end))
+    return d
 
 
-def test_predictive_accepts_what_early_rejects() -> None:
-    """Two requests already hold decode d0 but finish (t_d = 1 s) before the new request's
-    prefill ends; early rejection counts them, the prediction does not."""
-    early = make_conductor(1, 1, cost=COST, admission="early", tbt_slo_s=0.0525, decode_time_s=1.0)
-    pred = make_conductor(
-        1, 1, cost=COST, admission="predictive", tbt_slo_s=0.0525, decode_time_s=1.0
-    )
-    for c in (early, pred):
-        for name in ("a", "b"):
-            d = c.schedule(req(name, (), 10), 0.0)  # 10 ms prefill each
-            assert isinstance(d, Plan)
-            c.on_event(PrefillFinished(RequestId(name), iid("p0"), 0.02))
+def test_a_running_request_stays_in_the_forecast_past_its_predicted_end() -> None:
+    """Predicted 10 tokens at 0.1 s/token (end 1.0 s); at 5 s it is still decoding, so it is
+    still there, for what the distribution says such a request has left."""
+    f = DecodeForecast(token_s=0.1)
+    lengths = LengthHistogram(prior_tokens=10)
+    f.add(RequestId("a"), iid("d0"), 0.0, 100, OutputEstimate(10.0, 10.0, 1000), started=True)
+    pool = make_conductor(1, 1).pools()[1]
+    (w,) = f.window(5.0, 5.0, 6.0, pool, 50, COST, lengths)
+    assert (w.peak_batch, w.peak_context_tokens) == (2, 110)
+    # 50 tokens produced, more than anything observed: half that again, 2.5 s more
+    assert f.end_s(RequestId("a"), f._entries[RequestId("a")], 5.0, lengths) == pytest.approx(7.5)
+
+
+def test_window_sees_requests_that_join_later() -> None:
+    f = DecodeForecast(token_s=0.1)
+    lengths = LengthHistogram(prior_tokens=10)
+    f.add(RequestId("a"), iid("d0"), 2.0, 100, OutputEstimate(10.0, 10.0, 1000))
+    f.add(RequestId("b"), iid("d0"), 3.5, 100, OutputEstimate(10.0, 10.0, 1000))
+    pool = make_conductor(1, 1).pools()[1]
+    (w,) = f.window(0.0, 1.0, 3.0, pool, 7, COST, lengths)  # a joins at 2 s; b after the window
+    assert (w.peak_batch, w.peak_context_tokens, w.step_at_t0_s) == (2, 110, 0.0)
+    (w,) = f.window(0.0, 1.0, 4.0, pool, 7, COST, lengths)  # both overlap (a ends at 3 s: no)
+    assert (w.peak_batch, w.max_batch) == (2, 1)
+
+
+def test_forecast_learns_the_time_per_token() -> None:
+    f = DecodeForecast(token_s=0.1, learning_rate=0.5)
+    f.add(RequestId("a"), iid("d0"), 0.0, 10, OutputEstimate(10.0, 10.0, 100), started=True)
+    f.finished(RequestId("a"), 3.0, 11)  # 10 decode steps in 3 s
+    assert f.token_s == pytest.approx(0.2) and len(f) == 0
+
+
+def test_early_counts_running_requests_reserve_counts_assigned_ones() -> None:
+    """Two requests are assigned to d0 but still in prefill: the paper's early rejection
+    (current load) admits a third, the reserve-at-arrival variant does not."""
+    early = make_conductor(1, 1, cost=COST, admission="early", tbt_slo_s=SLO, **TEN)
+    reserve = make_conductor(1, 1, cost=COST, admission="reserve", tbt_slo_s=SLO, **TEN)
+    for c in (early, reserve):
+        _at(c, "a", 0.0)
+        _at(c, "b", 0.0)
+    assert isinstance(early.schedule(req("c", (), 10), 0.0), Plan)
+    r = reserve.schedule(req("c", (), 10), 0.0)
+    assert isinstance(r, Rejection) and r.code == "tbt_slo"
+    # once both run, early sees them too
+    early2 = make_conductor(1, 1, cost=COST, admission="early", tbt_slo_s=SLO, **TEN)
+    _at(early2, "a", 0.0, 0.01)
+    _at(early2, "b", 0.0, 0.02)
+    r = early2.schedule(req("c", (), 10), 0.03)
+    assert isinstance(r, Rejection) and r.code == "tbt_slo"
+    assert r.predicted_tbt_s == pytest.approx(0.040 * 1.5)
+
+
+def test_predictive_accepts_when_the_running_requests_finish_before_it_decodes() -> None:
+    """a and b decode on d0 now and are predicted done (10 tokens x 52.5 ms) before the new
+    request's prefill ends behind a 2 s queue; reserve counts them, the forecast does not."""
+    pred = make_conductor(1, 1, cost=COST, admission="predictive", tbt_slo_s=SLO, **TEN)
+    reserve = make_conductor(1, 1, cost=COST, admission="reserve", tbt_slo_s=SLO, **TEN)
+    for c in (pred, reserve):
+        _at(c, "a", 0.0, 0.01)
+        _at(c, "b", 0.0, 0.02)
         c.instances[iid("p0")].prefill.assign(RequestId("long"), 2.0, 0, 0.0)
-    # new request: TTFT = 2 s queue + 10 ms; a and b are predicted gone after 1.02 s
-    r_early = early.schedule(req("c", (), 10), 0.05)
-    r_pred = pred.schedule(req("c", (), 10), 0.05)
-    assert isinstance(r_early, Rejection) and r_early.code == "tbt_slo"
-    assert isinstance(r_pred, Plan)
-    assert r_pred.predicted_ttft_s == pytest.approx(1.97 + 0.01)
+    assert isinstance(reserve.schedule(req("c", (), 10), 0.05), Rejection)
+    plan = pred.schedule(req("c", (), 10), 0.05)
+    assert isinstance(plan, Plan) and plan.predicted_ttft_s == pytest.approx(1.97 + 0.01)
 
 
-def test_predictive_rejects_when_decode_will_be_full() -> None:
-    c = make_conductor(
-        1, 1, cost=COST, admission="predictive", tbt_slo_s=0.0525, decode_time_s=100.0
-    )
-    for name in ("a", "b"):
-        assert isinstance(c.schedule(req(name, (), 10), 0.0), Plan)
+def test_predictive_rejects_when_the_window_will_be_full() -> None:
+    c = make_conductor(1, 1, cost=COST, admission="predictive", tbt_slo_s=SLO, **TEN)
+    _at(c, "a", 0.0)
+    _at(c, "b", 0.0)
     r = c.schedule(req("c", (), 10), 0.0)
     assert isinstance(r, Rejection) and r.code == "tbt_slo"
-    assert r.predicted_tbt_s == pytest.approx(0.060)
-    c.on_event(RequestFinished(RequestId("a"), iid("d0"), 1.0))
+    assert r.predicted_tbt_s == pytest.approx(0.040 * 1.5)
+    c.on_event(RequestFinished(RequestId("a"), iid("d0"), 1.0, 10))
     assert isinstance(c.schedule(req("c", (), 10), 1.0), Plan)
+
+
+def test_predictive_commits_to_the_instance_it_checked() -> None:
+    """d0 runs two requests predicted done long before the new one decodes, d1 none. The
+    decode policy alone (assigned load now) would take d1; the forecast sees both free in
+    the window and takes the first, d0 -- and the plan commits to d0."""
+    c = make_conductor(1, 2, cost=COST, admission="predictive", tbt_slo_s=SLO, **TEN)
+    assert _at(c, "a1", 0.0, 0.01).decode == iid("d0")
+    assert _at(c, "a2", 0.01, 0.02).decode == iid("d1")  # a1 busy on d0 in a2's window
+    assert _at(c, "a3", 0.02, 0.03).decode == iid("d0")  # one each: the first
+    c.on_event(RequestFinished(RequestId("a2"), iid("d1"), 0.04, 10))
+    c.instances[iid("p0")].prefill.assign(RequestId("long"), 2.0, 0, 0.04)
+    ctx = c.context(req("c", (), 10), 0.05)
+    assert ctx is not None
+    plain = c.decode_policy.choose_decode(ctx, ctx.local_choice(c.instances[iid("p0")]))
+    assert plain.instance == iid("d1")
+    plan = c.schedule(req("c", (), 10), 0.05)
+    assert isinstance(plan, Plan) and plan.decode == iid("d0")
+    assert c.instances[iid("d0")].decode.batch_size == 3

@@ -36,6 +36,7 @@ def _plan(c: Scheduler, r: Request, now_s: float = 0.0) -> Plan:
 
 
 def _cluster(policy: str, roles: dict[str, Role], **cfg: object) -> Scheduler:
+    cfg.setdefault("output_prior_tokens", 10)  # requests are predicted to generate 10 tokens
     config = SchedulerConfig(block_size_tokens=4, **cfg)  # type: ignore[arg-type]
     c = Scheduler(LINEAR_COST, policy=policy, config=config)
     for name, role in roles.items():
@@ -453,10 +454,10 @@ def test_preble_decode_load_on_instances_that_decode() -> None:
     # request's 10 tokens (empty window): 2 * 10 * 0.012 = 0.24 s; w1 idle -> explore -> w1
     c = _cluster("preble", {"w0": Role.BOTH, "w1": Role.BOTH})
     _decoding(c, "w0", 50, n=2)
-    r = req("r", (), 40, output=10)
+    r = req("r", (), 40)
     assert _preble(c).loads(_ctx(c, r)) == pytest.approx([0.24, 0.0])
     assert _plan(c, r).prefill == "w1"
     # r's decode went to w1 (least TBT): 1 request, step(1) = 11 ms; the window's mean
     # output is r's 10 tokens: w1 = 0.04 s prefill + 1 * 10 * 0.011 = 0.15
-    r2 = req("r2", (), 40, output=30)
+    r2 = req("r2", (), 40)
     assert _preble(c).loads(_ctx(c, r2)) == pytest.approx([0.24, 0.15])

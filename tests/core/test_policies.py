@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conductor.core.errors import InvalidInput, UnknownInstance, UnknownPolicy
-from conductor.core.events import BlocksStored, RequestFinished
+from conductor.core.events import BlocksStored, PrefillFinished, RequestFinished
 from conductor.core.plan import Plan, Rejection
 from conductor.core.policies import policy_names
 from conductor.core.types import RequestId, Tier
@@ -96,14 +96,16 @@ def test_early_admission_rejects_ttft_and_tbt() -> None:
     assert r.predicted_ttft_s == pytest.approx(0.08)
     assert "predicted TTFT 0.080s > SLO 0.050s" in r.reason
     c2 = make_conductor(2, 1, admission="early", tbt_slo_s=0.01725)
-    assert isinstance(c2.schedule(req("a", (), 4), 0.0), Plan)  # TBT 11 ms
-    r2 = c2.schedule(req("b", (), 4), 0.0)  # 12 ms
+    a = c2.schedule(req("a", (), 4), 0.0)  # TBT 11 ms
+    assert isinstance(a, Plan)
+    c2.on_event(PrefillFinished(a.request_id, a.prefill, 0.003))  # early counts it once running
+    r2 = c2.schedule(req("b", (), 4), 0.003)  # 12 ms
     assert isinstance(r2, Rejection) and r2.code == "tbt_slo"
 
 
 def test_kv_capacity_rejection() -> None:
-    c = make_conductor(1, 1, admission="early", ttft_slo_s=100.0)
-    r = c.schedule(req("big", (), 60_000, output=50_000), 0.0)
+    c = make_conductor(1, 1, admission="early", ttft_slo_s=100.0, output_prior_tokens=50_000)
+    r = c.schedule(req("big", (), 60_000), 0.0)
     assert isinstance(r, Rejection) and r.code == "kv_capacity"
 
 
@@ -127,8 +129,8 @@ def test_bad_input_is_named() -> None:
     c = make_conductor(1, 1)
     with pytest.raises(InvalidInput, match="prompt_tokens=0"):
         c.schedule(req("a", (), 0), 0.0)
-    with pytest.raises(InvalidInput, match="output_tokens=-1"):
-        c.schedule(req("a", (), 4, output=-1), 0.0)
+    with pytest.raises(InvalidInput, match="max_tokens=0"):
+        c.schedule(req("a", (), 4, max_tokens=0), 0.0)
     with pytest.raises(InvalidInput, match="block_hashes=3"):
         c.schedule(req("a", hashes(1, 2, 3), 8), 0.0)
     with pytest.raises(UnknownInstance, match="unknown instance 'ghost'"):
@@ -177,7 +179,11 @@ def test_decode_prefers_the_prefill_rack_when_it_meets_the_slo() -> None:
 
     from .helpers import LINEAR_COST
 
-    c = Scheduler(LINEAR_COST, policy="round_robin", config=SchedulerConfig(block_size_tokens=4))
+    c = Scheduler(
+        LINEAR_COST,
+        policy="round_robin",
+        config=SchedulerConfig(block_size_tokens=4, output_prior_tokens=10),
+    )
     c.add_instance(InstanceSpec(iid("p0"), Role.PREFILL, rack="A"))
     c.add_instance(InstanceSpec(iid("dB"), Role.DECODE, rack="B"))
     c.add_instance(InstanceSpec(iid("dA"), Role.DECODE, rack="A"))
@@ -191,7 +197,7 @@ def test_decode_prefers_the_prefill_rack_when_it_meets_the_slo() -> None:
     tight = Scheduler(
         LINEAR_COST,
         policy="round_robin",
-        config=SchedulerConfig(block_size_tokens=4, tbt_slo_s=0.017),
+        config=SchedulerConfig(block_size_tokens=4, tbt_slo_s=0.017, output_prior_tokens=10),
     )
     for spec in c.instances.values():
         tight.add_instance(spec.spec)

@@ -241,6 +241,7 @@ def test_metrics_exposition(client: httpx.Client) -> None:
     assert 'model_name="tiny"' in r.text
     assert metric(client, "vllm:num_requests_running") == 0  # idle between tests
     assert metric(client, "vllm:kv_cache_usage_perc") == 0
+    assert 'vllm:cache_config_info{model_name="tiny",engine="0",block_size="32"' in r.text
 
 
 def test_pd_flow_prefill_leg_then_decode_leg(client: httpx.Client, emu: EmulatorThread) -> None:

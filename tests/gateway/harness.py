@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import httpx
 
 from conductor.core.config import SchedulerConfig
-from conductor.core.costmodel import preset
 from conductor.core.policies import policy_config_defaults
 from conductor.core.policies.colocated import ColocatedDecode
 from conductor.core.scheduler import Scheduler
@@ -21,6 +20,7 @@ from conductor.gateway.config import EngineConfig, GatewayConfig, MonitorConfig,
 from conductor.gateway.service import Gateway
 from conductor.web.router import Router
 from conductor.web.server import running
+from tests.engines.costs import committed_cost
 
 BLOCK = 4
 MODEL = "tiny"
@@ -88,7 +88,7 @@ def make_gateway(
         admission=admission or str(defaults.get("admission", "off")),
         cpp_enabled=False,
     )
-    conductor = Scheduler(preset("tiny-cpu"), policy=policy, config=sched)
+    conductor = Scheduler(committed_cost(), policy=policy, config=sched)
     conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
     cfg = GatewayConfig(
         model_name=MODEL,

@@ -179,6 +179,9 @@ async def test_engine_metrics_are_polled_into_reported_load() -> None:
         async with client_for(gw) as client:
             await eventually(lambda: handle.load.running == 3)
             assert handle.load == ReportedLoad(running=3, waiting=2, kv_usage=0.25)
+            # the scheduler placed nothing there: the 2 waiting requests become queued time
+            a = gw.conductor.instances[InstanceId("a")]
+            await eventually(lambda: a.prefill.queue_s(gw.clock()) > 0)
             metrics = (await client.get("/metrics")).text
             listed = (await client.get("/admin/engines", headers=admin_headers())).json()
     assert 'conductor_engine_reported_running_requests{engine="a",role="both"} 3.0' in metrics

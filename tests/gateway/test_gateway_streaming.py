@@ -9,8 +9,10 @@ import json
 import httpx
 import pytest
 
-from conductor.core.types import InstanceId, Role
+from conductor.core.events import RequestFinished
+from conductor.core.types import InstanceId, Request, RequestId, Role
 from conductor.gateway.config import UpstreamConfig
+from conductor.gateway.flight import StreamTokens, completion_tokens
 from tests.gateway.fake_engine import FakeEngine
 from tests.gateway.harness import client_for, engine, eventually, make_gateway, serve
 
@@ -227,3 +229,40 @@ async def test_concurrent_requests_all_finish() -> None:
     assert len(fakes[0].requests) + len(fakes[1].requests) == 40
     assert fakes[0].requests and fakes[1].requests  # load was spread
     assert gw.conductor.inflight() == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_scheduler_learns_the_real_completion_length(stream: bool) -> None:
+    """RequestFinished carries what the engine generated (its usage, or the streamed
+    events), and the output-length predictor learns it: prior 256 x 4, then 3 tokens."""
+    fake = FakeEngine("a", tokens=["The", " cache", " holds", " blocks"])
+    body = {**CHAT, "max_tokens": 3, "stream": stream}
+    async with serve(fake.app()) as url:
+        gw = make_gateway([engine("a", url)])
+        finished: list[int | None] = []
+        on_event = gw.conductor.on_event
+
+        def spy(event: object) -> None:
+            if isinstance(event, RequestFinished):
+                finished.append(event.output_tokens)
+            on_event(event)  # type: ignore[arg-type]
+
+        gw.conductor.on_event = spy  # type: ignore[method-assign]
+        async with client_for(gw) as client:
+            resp = await client.post("/v1/chat/completions", json=body)
+            assert resp.status_code == 200
+            await eventually(lambda: gw.conductor.inflight() == 0)
+    assert finished == [3]
+    assert gw.conductor.lengths.estimate(  # type: ignore[attr-defined]
+        Request(RequestId("x"), 5, ()), 10_000
+    ).mean == pytest.approx((4 * 256 + 3) / 5)
+
+
+def test_stream_token_count_prefers_usage() -> None:
+    counted = StreamTokens()
+    counted.feed(b'data: {"choices": [{"text": "a"}]}\n\ndata: {"choices": [{"text": "b"}]}\n\n')
+    assert counted.tokens == 2
+    counted.feed(b'data: {"choices": [], "usage": {"completion_tokens": 7}}\n\ndata: [DONE]\n\n')
+    assert counted.tokens == 7
+    assert completion_tokens(b'{"usage": {"completion_tokens": 5}}') == 5
+    assert completion_tokens(b"not json") is None

@@ -19,7 +19,6 @@ import httpx
 import pytest
 
 from conductor.core.config import SchedulerConfig
-from conductor.core.costmodel import preset
 from conductor.core.policies.colocated import ColocatedDecode
 from conductor.core.scheduler import Scheduler
 from conductor.core.types import InstanceId, Role
@@ -28,6 +27,7 @@ from conductor.gateway.openai_api import parse_chat
 from conductor.gateway.service import Gateway
 from conductor.gateway.tokenizer import prompt_token_ids, request_block_hashes
 from conductor.hf.tokenizer import HfTokenizer
+from tests.engines.costs import profiled_cost
 from tests.engines.fixtures import (
     BLOCK_SIZE_TOKENS,
     SERVED_MODEL_NAME,
@@ -99,11 +99,11 @@ def engine_config(engine_id: str, engine: VllmEngine, role: Role) -> EngineConfi
 
 
 def real_gateway(engines: list[EngineConfig]) -> Gateway:
-    """The gateway as ``conductor serve --preset tiny-cpu`` builds it, for the tiny model."""
+    """The gateway as ``conductor serve --cost-file .tiny-model/cost.toml`` builds it."""
     sched = SchedulerConfig(
         block_size_tokens=BLOCK_SIZE_TOKENS, ttft_slo_s=30.0, admission="early", cpp_enabled=False
     )
-    conductor = Scheduler(preset("tiny-cpu"), policy="conductor", config=sched)
+    conductor = Scheduler(profiled_cost(), policy="conductor", config=sched)
     conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
     cfg = GatewayConfig(
         model_name=SERVED_MODEL_NAME,

@@ -15,10 +15,12 @@ import xxhash
 
 from conductor.core.errors import ConductorError, InvalidInput
 from conductor.core.types import BlockHash, Request, RequestId
+from conductor.workload.max_tokens import MaxTokens
 from conductor.workload.trace import (
     SkippedLine,
     TraceReadResult,
     bundled_trace_path,
+    generated_tokens,
     read_trace,
     records_to_requests,
     write_trace,
@@ -376,12 +378,32 @@ def test_records_to_requests_maps_fields_and_scales_time() -> None:
     records = [TraceRecord(27_482, 600, 52, (46, 47)), TraceRecord(30_001, 1, 1, (48,))]
     requests = records_to_requests(records, speed=2.0)
     assert requests == [
-        Request(RequestId("r0"), 600, hashes(46, 47), output_tokens=52, arrival_s=27.482 / 2.0),
-        Request(RequestId("r1"), 1, hashes(48), output_tokens=1, arrival_s=30.001 / 2.0),
-    ]
+        Request(RequestId("r0"), 600, hashes(46, 47), arrival_s=27.482 / 2.0),
+        Request(RequestId("r1"), 1, hashes(48), arrival_s=30.001 / 2.0),
+    ]  # the true output length is not in the request (no oracle)
+    assert generated_tokens(records) == [52, 1]
     assert requests[0].arrival_s == 13.741
     assert records_to_requests(records)[1].arrival_s == 30.001
     assert [r.arrival_s for r in records_to_requests(records, speed=0.5)] == [54.964, 60.002]
+
+
+def test_max_tokens_modes_set_what_is_sent_and_what_is_generated() -> None:
+    records = [TraceRecord(0, 600, 52, (46, 47)), TraceRecord(1, 1, 300, (48,))]
+    trace = MaxTokens.parse("trace")
+    cap = MaxTokens.parse("cap:100")
+    assert [r.max_tokens for r in records_to_requests(records)] == [None, None]
+    assert [r.max_tokens for r in records_to_requests(records, max_tokens=trace)] == [52, 300]
+    assert [r.max_tokens for r in records_to_requests(records, max_tokens=cap)] == [100, 100]
+    assert generated_tokens(records, trace) == [52, 300]
+    assert generated_tokens(records, cap) == [52, 100]
+    assert str(cap) == "cap:100" and str(MaxTokens.parse(" None ")) == "none"
+
+
+@pytest.mark.parametrize("text", ["cap:0", "cap:x", "foo", "cap", "cap:-3", ""])
+def test_bad_max_tokens_is_named(text: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        MaxTokens.parse(text)
+    assert caught.value.field == "max_tokens" and caught.value.value == text
 
 
 @pytest.mark.parametrize("speed", [0, -1.0, math.nan, math.inf, True])

@@ -9,8 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
+from conductor.cli.cost_source import CostFileOpt, cost_from_options
 from conductor.core.checks import check_choice
-from conductor.core.costmodel import PRESETS
+from conductor.core.costmodel import PRESETS, CostModel
 from conductor.core.errors import ConductorError, InvalidInput
 from conductor.core.types import Role
 from conductor.emulator.config import EmulatorConfig
@@ -63,6 +64,7 @@ def build_config(
     model: str,
     seed: int,
     engine_id: str | None,
+    cost: CostModel | None = None,
 ) -> EmulatorConfig:
     """The options as an :class:`EmulatorConfig` (which validates them); an error names the
     option."""
@@ -85,6 +87,7 @@ def build_config(
             kv_events_port=kv_events_port,
             replay_port=replay_port,
             kv_topic=kv_topic,
+            cost=cost,
         )
     except InvalidInput as exc:
         raise _bad_input(exc) from None
@@ -102,6 +105,7 @@ def load_tokenizer(model_path: Path | None) -> Tokenizer | None:
 def register(app: typer.Typer) -> None:
     @app.command("emulate")
     def emulate_cmd(
+        ctx: typer.Context,
         port: Annotated[int, typer.Option("--port", help="HTTP port")] = _default("port"),
         host: Annotated[
             str, typer.Option("--host", help="address to bind (HTTP and ZMQ)")
@@ -124,6 +128,7 @@ def register(app: typer.Typer) -> None:
             str,
             typer.Option("--preset", help=f"cost model preset: {', '.join(sorted(PRESETS))}"),
         ] = _default("preset"),
+        cost_file: CostFileOpt = None,
         speedup: Annotated[
             float, typer.Option("--speedup", help="run the cost model's times X times faster")
         ] = _default("speedup"),
@@ -181,6 +186,7 @@ def register(app: typer.Typer) -> None:
             model=model,
             seed=seed,
             engine_id=engine_id,
+            cost=cost_from_options(ctx, cost_file),
         )
         tokenizer = load_tokenizer(model_path)
         from conductor.emulator.server import serve

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from conductor.cli import demo_cmd, emulate_cmd, serve_cmd, sim_cmd
+from conductor.cli import demo_cmd, emulate_cmd, profile_cmd, replay_cmd, serve_cmd, sim_cmd
 from conductor.cli.bench_cmd import bench_app
 from conductor.cli.trace_cmd import trace_app
 
@@ -23,6 +23,8 @@ app.add_typer(bench_app, name="bench")
 emulate_cmd.register(app)
 serve_cmd.register(app)
 demo_cmd.register(app)
+profile_cmd.register(app)
+replay_cmd.register(app)
 
 
 def main() -> None:

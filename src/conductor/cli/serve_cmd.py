@@ -158,6 +158,12 @@ def register(app: typer.Typer) -> None:
                 "--preset", help=f"cost model: {', '.join(sorted(PRESETS))} [{_default('preset')}]"
             ),
         ] = None,
+        cost_file: Annotated[
+            str | None,
+            typer.Option(
+                "--cost-file", help="cost model from `conductor profile` (not with --preset)"
+            ),
+        ] = None,
         prefill_tokens_per_s: Annotated[
             float | None,
             typer.Option("--prefill-tokens-per-s", help="calibrate: measured prefill rate"),
@@ -264,6 +270,7 @@ def register(app: typer.Typer) -> None:
             "policy": policy,
             "admission": admission,
             "preset": preset,
+            "cost_file": cost_file,
             "prefill_tokens_per_s": prefill_tokens_per_s,
             "decode_step_ms": decode_step_ms,
             "ttft_slo_s": ttft_slo_s,

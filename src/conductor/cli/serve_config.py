@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conductor.cli.cost_source import read_cost_file
 from conductor.cli.fields import field_default, renamed
+from conductor.cli.serve_engines import _engines, parse_engine_spec
 from conductor.cluster.config import ClusterConfig
 from conductor.core.checks import check_at_least, check_choice, check_positive
 from conductor.core.config import SchedulerConfig
@@ -31,7 +33,6 @@ from conductor.gateway.config import (
     GatewayConfig,
     MonitorConfig,
     UpstreamConfig,
-    engine_from_mapping,
 )
 from conductor.gateway.costs import with_overrides
 from conductor.gateway.tokenizer import read_max_model_len
@@ -45,8 +46,9 @@ class ServeOptions:
 
     ``model_name`` None: the model folder's name; ``max_model_len`` None: the model's
     ``config.json``; ``admission`` None: the policy's own; ``preset``: a
-    :data:`~conductor.core.costmodel.PRESETS` name (``tiny-cpu`` for the tests' CPU model),
-    recalibrated by ``prefill_tokens_per_s`` / ``decode_step_ms`` when given. Invariant:
+    :data:`~conductor.core.costmodel.PRESETS` name, or ``cost_file``: a file ``conductor
+    profile`` wrote (not both); either recalibrated by ``prefill_tokens_per_s`` /
+    ``decode_step_ms`` when given. Invariant:
     ``policy`` is registered, ``preset`` exists, ``log_level`` is one of :data:`LOG_LEVELS`.
     """
 
@@ -56,6 +58,7 @@ class ServeOptions:
     policy: str = DEFAULT_POLICY
     admission: str | None = None
     preset: str = DEFAULT_PRESET
+    cost_file: str | None = None
     prefill_tokens_per_s: float | None = None
     decode_step_ms: float | None = None
     log_level: str = "info"
@@ -93,6 +96,7 @@ KEYS: dict[str, Key] = {
     "policy": Key(ServeOptions, "policy"),
     "admission": Key(ServeOptions, "admission"),
     "preset": Key(ServeOptions, "preset"),
+    "cost_file": Key(ServeOptions, "cost_file"),
     "prefill_tokens_per_s": Key(ServeOptions, "prefill_tokens_per_s"),
     "decode_step_ms": Key(ServeOptions, "decode_step_ms"),
     "ttft_slo_s": Key(SchedulerConfig, "ttft_slo_s"),
@@ -185,24 +189,6 @@ def load_toml(path: Path) -> tuple[dict[str, object], list[Mapping[str, object]]
     if not isinstance(engines, list) or not all(isinstance(e, dict) for e in engines):
         raise InvalidInput("engines", engines, "must be an array of tables ([[engines]])")
     return dict(gateway), list(engines)
-
-
-def parse_engine_spec(spec: str) -> dict[str, object]:
-    """``URL,key=value,...`` (the URL may also be given as ``url=...``) -> key/value pairs."""
-    values: dict[str, object] = {}
-    for i, part in enumerate(p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        key, sep, value = part.partition("=")
-        if not sep:
-            if i != 0:
-                raise InvalidInput("engine", spec, f"{part!r} is not key=value")
-            key, value = "url", part
-        key = key.strip()
-        if key in values:
-            raise InvalidInput("engine", spec, f"{key!r} given twice")
-        values[key] = value.strip()
-    return values
 
 
 class _Values:
@@ -301,25 +287,16 @@ def build_settings(
         raise v.renamed(exc) from None
 
 
-def _engines(
-    block_size: int, toml_engines: list[Mapping[str, object]], engine_specs: list[str]
-) -> tuple[EngineConfig, ...]:
-    engines: list[EngineConfig] = []
-    for i, values in enumerate(toml_engines):
-        engines.append(
-            engine_from_mapping(values, default_block_size=block_size, where=f"engines[{i}]")
+def _cost(v: _Values, options: ServeOptions) -> CostModel:
+    """The preset, or the cost file (``cost_file`` and an explicit ``preset`` exclude each
+    other)."""
+    if options.cost_file is None:
+        return preset(options.preset)
+    if v.where("preset") != "preset":
+        raise InvalidInput(
+            "cost_file", options.cost_file, f"excludes {v.where('preset')}; give one of them"
         )
-    for j, spec in enumerate(engine_specs):
-        engines.append(
-            engine_from_mapping(
-                parse_engine_spec(spec),
-                default_block_size=block_size,
-                where=f"engines[{len(toml_engines) + j}]",
-            )
-        )
-    if not engines:
-        raise InvalidInput("engines", [], "none given (--engine or [[engines]] in --config)")
-    return tuple(engines)
+    return read_cost_file(Path(options.cost_file), "cost_file").cost
 
 
 def _build(
@@ -348,6 +325,7 @@ def _build(
         policy=v.str_("policy"),
         admission=v.opt_str("admission"),
         preset=v.str_("preset"),
+        cost_file=v.opt_str("cost_file"),
         prefill_tokens_per_s=v.opt_float("prefill_tokens_per_s"),
         decode_step_ms=v.opt_float("decode_step_ms"),
         log_level=v.str_("log_level").lower(),
@@ -358,7 +336,7 @@ def _build(
         options.cluster, v.str_("replica_id"), v.str_("cluster_name"),
         v.float_("cluster_heartbeat_s"), v.float_("cluster_expiry_s"))  # fmt: skip
     cost = with_overrides(
-        preset(options.preset),
+        _cost(v, options),
         prefill_tokens_per_s=options.prefill_tokens_per_s,
         decode_step_ms=options.decode_step_ms,
     )
@@ -372,6 +350,7 @@ def _build(
         # not contain it whatever the policy's defaults say.
         cpp_enabled=False,
         seed=v.int_("seed"),
+        context_tokens=max_model_len,  # a request without max_tokens may use the rest
     )
     gateway = GatewayConfig(
         model_name=options.model_name or model_path.resolve().name,
@@ -398,3 +377,6 @@ def _build(
     )
     return ServeSettings(gateway, scheduler, cost, options.policy, model_path, options.log_level,
                          cluster, options.workers, v.str_("replica_id"))  # fmt: skip
+
+
+__all__ = ["DEFAULTS", "KEYS", "ServeSettings", "build_settings", "parse_engine_spec"]

@@ -11,18 +11,25 @@ from typing import Annotated, Any
 
 import typer
 
+from conductor.cli.cost_source import CostFileOpt, cost_from_options
 from conductor.cli.fields import config_error
 from conductor.cli.sim_options import (
     DEFAULT_TBT_SLO_MS,
     DEFAULTS,
     AdmissionOpt,
+    BundleOpt,
     CacheOpt,
     ClusterOptions,
+    CorrectionOpt,
+    CostBiasOpt,
+    CostErrorOpt,
     CppOpt,
     DecodeOpt,
     DelayOpt,
     JsonOpt,
     LimitOpt,
+    MaxTokensOpt,
+    OracleOpt,
     PrefillOpt,
     PresetOpt,
     ReplicasOpt,
@@ -36,7 +43,9 @@ from conductor.cli.sim_options import (
     TtftOpt,
     UnboundedOpt,
     build_config,
+    footing,
     load_requests,
+    parse_max_tokens,
 )
 from conductor.core.costmodel import DEFAULT_PRESET
 from conductor.core.errors import InvalidInput
@@ -88,9 +97,9 @@ def progress_bar(label: str, enabled: bool) -> Iterator[Progress | None]:
         yield update
 
 
-def _run(requests: list[Request], cfg: SimConfig) -> SimResult:
+def _run(requests: list[Request], outputs: list[int], cfg: SimConfig) -> SimResult:
     with progress_bar(f"simulating {cfg.policy}", sys.stderr.isatty()) as cb:
-        return simulate(requests, cfg, progress=cb)
+        return simulate(requests, cfg, outputs=outputs, progress=cb)
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
@@ -107,11 +116,13 @@ def print_table(results: list[dict[str, Any]]) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate_cmd(
+        ctx: typer.Context,
         trace: TraceOpt = None,
         policy: Annotated[str | None, typer.Option("--policy", help="scheduling policy")] = None,
         prefill: PrefillOpt = DEFAULTS.n_prefill,
         decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
+        cost_file: CostFileOpt = None,
         ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
         tbt_slo_ms: TbtOpt = DEFAULT_TBT_SLO_MS,
         speed: SpeedOpt = 1.0,
@@ -125,6 +136,11 @@ def register(app: typer.Typer) -> None:
         cache_tokens: CacheOpt = None,
         unbounded_cache: UnboundedOpt = False,
         kv_event_delay_s: DelayOpt = DEFAULTS.kv_event_delay_s,
+        max_tokens: MaxTokensOpt = "none",
+        oracle_lengths: OracleOpt = DEFAULTS.oracle_lengths,
+        cost_error: CostErrorOpt = DEFAULTS.cost_error,
+        cost_bias: CostBiasOpt = DEFAULTS.cost_bias,
+        correction: CorrectionOpt = DEFAULTS.scheduler.cost_correction,
         replicas: ReplicasOpt = DEFAULTS.replicas,
         sync_delay_ms: SyncDelayOpt = DEFAULTS.sync_delay_s * 1e3,
         load_plot: Annotated[
@@ -135,14 +151,18 @@ def register(app: typer.Typer) -> None:
         """Replay a trace through a simulated P/D cluster with one policy."""
         name = policy or DEFAULTS.policy
         _check_policies([name], "--policy")
-        requests = load_requests(trace, limit, speed, skip_invalid)
+        mt = parse_max_tokens(max_tokens)
+        requests, outputs = load_requests(trace, limit, speed, skip_invalid, mt)
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
-            replication, cache_tokens, unbounded_cache, kv_event_delay_s, replicas,
-            sync_delay_ms,
+            replication, cache_tokens, unbounded_cache, kv_event_delay_s, oracle_lengths,
+            cost_error=cost_error, cost_bias=cost_bias, correction=correction, replicas=replicas,
+            sync_delay_ms=sync_delay_ms,
+            cost=cost_from_options(ctx, cost_file),
         )  # fmt: skip
         cfg = build_config(options, name, load_plot=load_plot is not None)
-        res = _run(requests, cfg)
+        res = _run(requests, outputs, cfg)
+        res.summary["max_tokens"] = str(mt)
         print_table([res.summary])
         _print_extras(res.summary)
         if json_path is not None:
@@ -153,6 +173,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("compare")
     def compare_cmd(
+        ctx: typer.Context,
         trace: TraceOpt = None,
         policies: Annotated[
             str | None, typer.Option("--policies", help="comma-separated policy names")
@@ -160,6 +181,7 @@ def register(app: typer.Typer) -> None:
         prefill: PrefillOpt = DEFAULTS.n_prefill,
         decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
+        cost_file: CostFileOpt = None,
         ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
         tbt_slo_ms: TbtOpt = DEFAULT_TBT_SLO_MS,
         speed: SpeedOpt = 1.0,
@@ -170,7 +192,14 @@ def register(app: typer.Typer) -> None:
         markdown: Annotated[
             Path | None, typer.Option("--markdown", help="write the table as Markdown here")
         ] = None,
-        admission: AdmissionOpt = None,
+        admission: Annotated[
+            str | None,
+            typer.Option(
+                "--admission",
+                help="off|baseline|early|reserve|predictive, the same for every policy"
+                " (default: early)",
+            ),
+        ] = None,
         admissions: Annotated[
             str | None,
             typer.Option("--admissions", help="run each policy under each of these modes"),
@@ -181,8 +210,16 @@ def register(app: typer.Typer) -> None:
         cache_tokens: CacheOpt = None,
         unbounded_cache: UnboundedOpt = False,
         kv_event_delay_s: DelayOpt = DEFAULTS.kv_event_delay_s,
+        max_tokens: MaxTokensOpt = "none",
+        oracle_lengths: OracleOpt = DEFAULTS.oracle_lengths,
+        bundle: BundleOpt = True,
+        cost_error: CostErrorOpt = DEFAULTS.cost_error,
+        cost_bias: CostBiasOpt = DEFAULTS.cost_bias,
+        correction: CorrectionOpt = DEFAULTS.scheduler.cost_correction,
     ) -> None:
-        """Run several policies on identical input and print one table."""
+        """Run several policies on identical input, all under one admission mode and one
+        CPP setting, and print one table (plus a row per policy that brings its own
+        bundle, labelled)."""
         names = (
             [p.strip() for p in policies.split(",") if p.strip()]
             if policies
@@ -191,18 +228,25 @@ def register(app: typer.Typer) -> None:
         if not names:
             raise typer.BadParameter("no policy given", param_hint="--policies")
         _check_policies(names, "--policies")
-        requests = load_requests(trace, limit, speed, skip_invalid)
+        mt = parse_max_tokens(max_tokens)
+        requests, outputs = load_requests(trace, limit, speed, skip_invalid, mt)
         modes: list[str | None] = (
             [m.strip() for m in admissions.split(",") if m.strip()] if admissions else [admission]
         )
         options = ClusterOptions(
             prefill, decode, preset_name, ttft_slo_s, tbt_slo_ms, seed, admission, cpp,
-            replication, cache_tokens, unbounded_cache, kv_event_delay_s,
+            replication, cache_tokens, unbounded_cache, kv_event_delay_s, oracle_lengths,
+            cost_error=cost_error, cost_bias=cost_bias, correction=correction,
+            cost=cost_from_options(ctx, cost_file),
         )  # fmt: skip
         results: list[SimResult] = []
-        for name, mode in [(n, m) for n in names for m in modes]:
-            cfg = build_config(replace(options, admission=mode), name, policy_flag="--policies")
-            results.append(_run(requests, cfg))
+        for row in footing(names, modes, cpp, bundle=bundle):
+            o = replace(options, admission=row.admission, cpp=row.cpp)
+            cfg = build_config(o, row.policy, policy_flag="--policies")
+            res = _run(requests, outputs, cfg)
+            res.summary["max_tokens"] = str(mt)
+            res.summary["bundle"] = row.bundle
+            results.append(res)
         summaries = [r.summary for r in results]
         print_table(summaries)
         if json_path is not None:
@@ -215,6 +259,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("capacity")
     def capacity_cmd(
+        ctx: typer.Context,
         trace: TraceOpt = None,
         policies: Annotated[
             str | None, typer.Option("--policies", help="comma-separated policy names")
@@ -225,17 +270,32 @@ def register(app: typer.Typer) -> None:
         prefill: PrefillOpt = DEFAULTS.n_prefill,
         decode: DecodeOpt = DEFAULTS.n_decode,
         preset_name: PresetOpt = DEFAULT_PRESET,
+        cost_file: CostFileOpt = None,
         ttft_slo_s: TtftOpt = DEFAULTS.scheduler.ttft_slo_s,
         target: Annotated[float, typer.Option("--target", help="SLO attainment to sustain")] = 0.9,
         limit: LimitOpt = None,
         seed: SeedOpt = DEFAULTS.seed,
         json_path: JsonOpt = None,
-        admission: AdmissionOpt = None,
+        admission: Annotated[
+            str | None,
+            typer.Option(
+                "--admission",
+                help="off|baseline|early|reserve|predictive, the same for every policy"
+                " (default: early)",
+            ),
+        ] = None,
         cpp: CppOpt = None,
         skip_invalid: SkipOpt = False,
         bisect_steps: Annotated[int, typer.Option("--bisect-steps")] = 4,
+        max_tokens: MaxTokensOpt = "none",
+        oracle_lengths: OracleOpt = DEFAULTS.oracle_lengths,
+        bundle: BundleOpt = True,
+        cost_error: CostErrorOpt = DEFAULTS.cost_error,
+        cost_bias: CostBiasOpt = DEFAULTS.cost_bias,
+        correction: CorrectionOpt = DEFAULTS.scheduler.cost_correction,
     ) -> None:
-        """Largest replay speed per policy whose SLO attainment stays >= target."""
+        """Largest replay speed per policy whose SLO attainment stays >= target, every
+        policy under one admission mode and one CPP setting (plus bundle rows)."""
         names = (
             [p.strip() for p in policies.split(",") if p.strip()]
             if policies
@@ -252,23 +312,35 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"must be > 0: {tbt_slos_ms!r}", param_hint="--tbt-slos-ms")
         if not 0 < target <= 1:
             raise typer.BadParameter(f"must be in (0, 1], got {target}", param_hint="--target")
-        requests = load_requests(trace, limit, 1.0, skip_invalid)
+        mt = parse_max_tokens(max_tokens)
+        requests, outputs = load_requests(trace, limit, 1.0, skip_invalid, mt)
         options = ClusterOptions(
-            prefill, decode, preset_name, ttft_slo_s, thresholds[0], seed, admission, cpp
-        )
+            prefill, decode, preset_name, ttft_slo_s, thresholds[0], seed, admission, cpp,
+            oracle_lengths=oracle_lengths,
+            cost_error=cost_error, cost_bias=cost_bias, correction=correction,
+            cost=cost_from_options(ctx, cost_file),
+        )  # fmt: skip
         out: list[dict[str, Any]] = []
-        for name in names:
-            row: dict[str, Any] = {"policy": name}
+        for line in footing(names, [admission], cpp, bundle=bundle):
+            name = line.policy
+            o = replace(options, admission=line.admission, cpp=line.cpp)
+            row: dict[str, Any] = {"policy": name, "label": line.label}
+            row.update(admission=line.admission, cpp=line.cpp, bundle=line.bundle)
+            row["max_tokens"] = str(mt)
             for tbt in thresholds:
-                cfg = build_config(replace(options, tbt_slo_ms=tbt), name, policy_flag="--policies")
-                point = find_capacity(requests, cfg, target=target, bisect_steps=bisect_steps)
+                cfg = build_config(replace(o, tbt_slo_ms=tbt), name, policy_flag="--policies")
+                row["admission"] = cfg.scheduler.admission
+                row["cpp"] = cfg.scheduler.cpp_enabled
+                point = find_capacity(
+                    requests, cfg, outputs=outputs, target=target, bisect_steps=bisect_steps
+                )
                 row[f"tbt_{tbt:g}ms"] = {
                     "speed": round(point.speed, 4),
                     "rps": round(point.speed * len(requests) / _span(requests), 4),
                     "attainment": point.attainment,
                     "tested": [[s, a] for s, a in point.tested],
                 }
-                typer.echo(f"{name:>18s} TBT {tbt:g} ms: capacity x{point.speed:.3f}", err=True)
+                typer.echo(f"{line.label} TBT {tbt:g} ms: capacity x{point.speed:.3f}", err=True)
             out.append(row)
         _print_capacity(out, thresholds)
         if json_path is not None:
@@ -301,7 +373,7 @@ def _print_capacity(rows: list[dict[str, Any]], thresholds: list[float]) -> None
         for t in thresholds:
             c = row[f"tbt_{t:g}ms"]
             cells.append(f"x{c['speed']:.3f} ({c['rps']:.2f})")
-        table.add_row(row["policy"], *cells)
+        table.add_row(row["label"], *cells)
     Console(width=200).print(table)
 
 

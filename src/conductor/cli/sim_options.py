@@ -16,12 +16,19 @@ import typer
 
 from conductor.cli.fields import config_error
 from conductor.core.config import SchedulerConfig
-from conductor.core.costmodel import PRESETS, preset
+from conductor.core.costmodel import PRESETS, CostModel, preset
 from conductor.core.errors import ConductorError, InvalidInput
 from conductor.core.policies import check_policy, policy_config_defaults
 from conductor.core.types import Request
 from conductor.sim.config import SimConfig
-from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
+from conductor.workload.max_tokens import NO_MAX_TOKENS, MaxTokens
+from conductor.workload.trace import (
+    bundled_trace_path,
+    generated_tokens,
+    read_trace,
+    records_to_requests,
+)
+from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS
 
 DEFAULTS = SimConfig()
 """The defaults of every option that sets a :class:`SimConfig` field."""
@@ -30,6 +37,8 @@ LOAD_SAMPLE_EVERY_S = 10.0
 """How often ``simulate --load-plot`` samples the load."""
 REPLICA_SAMPLE_EVERY_S = 30.0
 """How often ``simulate --load-plot`` samples the replicas of popular blocks."""
+COMPARE_ADMISSION = "early"
+"""The admission mode ``compare`` and ``capacity`` run every policy under by default."""
 
 FLAGS = {
     "policy": "--policy",
@@ -42,6 +51,9 @@ FLAGS = {
     "admission": "--admission",
     "cache_capacity_tokens": "--cache-tokens",
     "kv_event_delay_s": "--kv-event-delay-s",
+    "max_tokens": "--max-tokens",
+    "cost_error": "--cost-error",
+    "cost_bias": "--cost-bias",
     "replicas": "--replicas",
     "sync_delay_s": "--sync-delay-ms",
 }
@@ -65,7 +77,7 @@ AdmissionOpt = Annotated[
     str | None,
     typer.Option(
         "--admission",
-        help="off|baseline|early|predictive (default: the policy's own; off for baselines)",
+        help="off|baseline|early|reserve|predictive (default: the policy's own; off for baselines)",
     ),
 ]
 ReplOpt = Annotated[
@@ -86,10 +98,49 @@ CacheOpt = Annotated[
 UnboundedOpt = Annotated[
     bool, typer.Option("--unbounded-cache", help="prefill caches without capacity limit")
 ]
+MaxTokensOpt = Annotated[
+    str,
+    typer.Option(
+        "--max-tokens",
+        help="what requests send as max_tokens: none (cap = model context), trace (the true"
+        " length), cap:N (N; the engine generates min(trace, N))",
+    ),
+]
+OracleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--oracle-lengths",
+        help="ablation: hand the scheduler every request's true output length",
+    ),
+]
+BundleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--bundle/--no-bundle",
+        help="add one labelled row per policy that brings its own admission/CPP bundle",
+    ),
+]
 DelayOpt = Annotated[
     float, typer.Option("--kv-event-delay-s", help="delay of KV events to the scheduler")
 ]
 
+CostErrorOpt = Annotated[
+    float,
+    typer.Option(
+        "--cost-error",
+        help="engines' per-job lognormal deviation from the cost model (sigma, mean-preserving)",
+    ),
+]
+CostBiasOpt = Annotated[
+    float,
+    typer.Option("--cost-bias", help="engines (1 + B)x the cost model (0.3 = 30% slower)"),
+]
+CorrectionOpt = Annotated[
+    bool,
+    typer.Option(
+        "--correction/--no-correction", help="correct the cost model online from engine timings"
+    ),
+]
 ReplicasOpt = Annotated[
     int, typer.Option("--replicas", help="scheduler replicas the arrivals are spread over")
 ]
@@ -104,9 +155,24 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+def parse_max_tokens(text: str) -> MaxTokens:
+    """``--max-tokens``'s value, or exit with an error naming the flag and the value."""
+    try:
+        return MaxTokens.parse(text)
+    except InvalidInput as exc:
+        raise config_error(exc, FLAGS) from None
+
+
 def load_requests(
-    trace: Path | None, limit: int | None, speed: float, skip_invalid: bool
-) -> list[Request]:
+    trace: Path | None,
+    limit: int | None,
+    speed: float,
+    skip_invalid: bool,
+    max_tokens: MaxTokens = NO_MAX_TOKENS,
+    block_size_tokens: int = DEFAULT_BLOCK_SIZE_TOKENS,
+) -> tuple[list[Request], list[int]]:
+    """The trace's requests (with ``max_tokens`` as ``--max-tokens`` says) and the number
+    of tokens each will really generate (the simulator's ground truth)."""
     if speed <= 0:
         raise typer.BadParameter(f"must be > 0, got {speed}", param_hint="--speed")
     if limit is not None and limit <= 0:
@@ -115,14 +181,63 @@ def load_requests(
     if not path.exists():
         raise typer.BadParameter(f"no such file: {path}", param_hint="--trace")
     try:
-        result = read_trace(path, limit=limit, skip_invalid=skip_invalid)
+        result = read_trace(
+            path, limit=limit, skip_invalid=skip_invalid, block_size_tokens=block_size_tokens
+        )
         if result.skipped:
             typer.echo(f"skipped {len(result.skipped)} invalid line(s)", err=True)
         if not result.records:
             raise fail(f"trace {path} has no valid requests")
-        return records_to_requests(result.records, speed=speed)
+        requests = records_to_requests(
+            result.records, speed=speed, max_tokens=max_tokens, block_size_tokens=block_size_tokens
+        )
+        return requests, generated_tokens(result.records, max_tokens)
     except ConductorError as exc:
         raise fail(f"{path}: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One row of ``compare`` / ``capacity``: a policy under an admission mode and a CPP
+    setting (None: the policy's own bundle, ``bundle`` True)."""
+
+    policy: str
+    admission: str | None
+    cpp: bool | None
+    bundle: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.bundle:
+            own = policy_config_defaults(self.policy)
+            parts = [str(own.get("admission", DEFAULTS.scheduler.admission))]
+            if own.get("cpp_enabled", DEFAULTS.scheduler.cpp_enabled):
+                parts.append("cpp")
+            return f"{self.policy} (own bundle: {'+'.join(parts)})"
+        return f"{self.policy} ({self.admission}{', cpp' if self.cpp else ''})"
+
+
+def footing(
+    names: list[str], modes: list[str | None], cpp: bool | None, *, bundle: bool
+) -> list[Row]:
+    """Equal footing: every policy under each of ``modes`` (None: :data:`COMPARE_ADMISSION`)
+    and one CPP setting (None: the config's default, off); with ``bundle``, one extra row
+    per policy whose own defaults (``config_defaults``, e.g. ``conductor``'s early + CPP)
+    differ from every row it already has."""
+    same_cpp = DEFAULTS.scheduler.cpp_enabled if cpp is None else cpp
+    rows = [Row(n, m or COMPARE_ADMISSION, same_cpp) for n in names for m in modes]
+    if bundle:
+        for n in names:
+            own = policy_config_defaults(n)
+            if not own:
+                continue
+            mine = (
+                str(own.get("admission", DEFAULTS.scheduler.admission)),
+                bool(own.get("cpp_enabled", DEFAULTS.scheduler.cpp_enabled)),
+            )
+            if all((r.admission, r.cpp) != mine for r in rows if r.policy == n):
+                rows.append(Row(n, None, None, bundle=True))
+    return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +257,12 @@ class ClusterOptions:
     cache_tokens: int | None = None
     unbounded: bool = False
     kv_event_delay_s: float = DEFAULTS.kv_event_delay_s
+    oracle_lengths: bool = DEFAULTS.oracle_lengths
+    cost_error: float = DEFAULTS.cost_error
+    cost_bias: float = DEFAULTS.cost_bias
+    correction: bool = DEFAULTS.scheduler.cost_correction
+    cost: CostModel | None = None
+    """From ``--cost-file``; None: the preset ``preset_name``."""
     replicas: int = DEFAULTS.replicas
     sync_delay_ms: float = DEFAULTS.sync_delay_s * 1e3
 
@@ -170,21 +291,25 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         if o.cpp is None
         else o.cpp,
         replication_enabled=o.replication,
+        cost_correction=o.correction,
         seed=o.seed,
     )
     return SimConfig(
         policy=policy,
         n_prefill=o.prefill,
         n_decode=o.decode,
-        cost=preset(o.preset_name),
+        cost=o.cost if o.cost is not None else preset(o.preset_name),
         scheduler=sched,
         cache_capacity_tokens=None
         if o.unbounded
         else (o.cache_tokens or DEFAULTS.cache_capacity_tokens),
         kv_event_delay_s=o.kv_event_delay_s,
+        cost_error=o.cost_error,
+        cost_bias=o.cost_bias,
         replicas=o.replicas,
         sync_delay_s=o.sync_delay_ms / 1e3,
         seed=o.seed,
+        oracle_lengths=o.oracle_lengths,
         load_sample_every_s=LOAD_SAMPLE_EVERY_S if load_plot else 0.0,
         replica_sample_every_s=REPLICA_SAMPLE_EVERY_S if load_plot else 0.0,
     )

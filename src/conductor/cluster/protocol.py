@@ -38,16 +38,16 @@ class WReserved(msgspec.Struct, tag="r", array_like=True, frozen=True):
     new_tokens: int
     decode: str | None
     prompt_tokens: int
-    output_tokens: int
+    output_mean: float
+    output_high: float
+    output_cap: int
     ttft_s: float
-    decode_s: float
     prefill_done: bool = False
 
 
 class WDecodeReserved(msgspec.Struct, tag="d", array_like=True, frozen=True):
     request_id: str
     decode: str
-    decode_s: float
 
 
 class WPrefillDone(msgspec.Struct, tag="p", array_like=True, frozen=True):
@@ -57,6 +57,7 @@ class WPrefillDone(msgspec.Struct, tag="p", array_like=True, frozen=True):
 class WReleased(msgspec.Struct, tag="f", array_like=True, frozen=True):
     request_id: str
     completed: bool
+    output_tokens: int | None = None
 
 
 WEvent = WReserved | WDecodeReserved | WPrefillDone | WReleased
@@ -112,9 +113,10 @@ def reserved_to_wire(r: Reserved) -> WReserved:
         r.new_tokens,
         r.decode,
         r.prompt_tokens,
-        r.output_tokens,
+        r.output_mean,
+        r.output_high,
+        r.output_cap,
         r.ttft_s,
-        r.decode_s,
         r.prefill_done,
     )
 
@@ -123,12 +125,12 @@ def to_wire(e: ReservationEvent) -> WEvent:
     match e:
         case Reserved():
             return reserved_to_wire(e)
-        case DecodeReserved(rid, decode_, decode_s):
-            return WDecodeReserved(rid, decode_, decode_s)
+        case DecodeReserved(rid, decode_):
+            return WDecodeReserved(rid, decode_)
         case PrefillDone(rid):
             return WPrefillDone(rid)
-        case Released(rid, completed):
-            return WReleased(rid, completed)
+        case Released(rid, completed, out):
+            return WReleased(rid, completed, out)
 
 
 def reserved_from_wire(w: WReserved) -> Reserved:
@@ -139,9 +141,10 @@ def reserved_from_wire(w: WReserved) -> Reserved:
         w.new_tokens,
         None if w.decode is None else InstanceId(w.decode),
         w.prompt_tokens,
-        w.output_tokens,
+        w.output_mean,
+        w.output_high,
+        w.output_cap,
         w.ttft_s,
-        w.decode_s,
         w.prefill_done,
     )
 
@@ -150,12 +153,12 @@ def from_wire(w: WEvent) -> ReservationEvent:
     match w:
         case WReserved():
             return reserved_from_wire(w)
-        case WDecodeReserved(rid, decode_, decode_s):
-            return DecodeReserved(RequestId(rid), InstanceId(decode_), decode_s)
+        case WDecodeReserved(rid, decode_):
+            return DecodeReserved(RequestId(rid), InstanceId(decode_))
         case WPrefillDone(rid):
             return PrefillDone(RequestId(rid))
-        case WReleased(rid, completed):
-            return Released(RequestId(rid), completed)
+        case WReleased(rid, completed, out):
+            return Released(RequestId(rid), completed, out)
 
 
 Handler = Callable[[bytes], None]

@@ -1,111 +1,136 @@
-"""Overload-oriented admission (arXiv §7): predicted decode load for early rejection.
+"""Overload-oriented admission (arXiv §7): the rules that reject a request at arrival.
 
-``DecodeForecast`` keeps, for every request holding a decode reservation, its predicted decode
-start (its predicted prefill end, corrected to the real one when prefill finishes) and its
-predicted decode end. The *system-level* prediction of arXiv §7.4 assumes a uniform decode
-time ``t_d``: at a future moment ``t``, a request is on its decode instance iff
-``start <= t < start + t_d``. The *request-level* variant uses the request's own expected
-output length times the current step time instead of ``t_d``.
+Every mode but ``off`` first rejects when the chosen prefill's predicted TTFT misses the
+TTFT SLO. Then, on the decode side (``E[out] = E[min(L, cap)]`` and ``q(out)``, its high
+quantile, from the output-length predictor; TBT = step time x :func:`tbt_factor`):
 
-``load_ratio(t)`` is "the average TBT ratio of all decoding instances to l_tbt": for each
-decode instance the step time with the requests predicted to be there at ``t``, divided by
-the TBT SLO, averaged over the pool.
+* ``early`` — the paper's Early Rejection (§7.2): the *current* load of the decode instance
+  the request is placed on, i.e. the requests decoding there now plus this one:
+  ``step(running + 1, running_kv + prompt + E[out])`` against the TBT SLO, and
+  ``running_kv + prompt + q(out)`` against its KV capacity;
+* ``reserve`` — stricter: the same check with every request already *assigned* to the
+  instance (also those still in prefill, whose KV is reserved at arrival): the decode
+  policy's own ``fits``;
+* ``predictive`` — Early Rejection based on Prediction (§7.4): the load each decode instance
+  is forecast to have over the request's whole decode window ``[t*, t* + E[out] * token_s]``,
+  ``t* = now + TTFT`` (:class:`~conductor.core.forecast.DecodeForecast`: requests joining
+  when their prefill ends, leaving when their predicted output is done, running ones never
+  dropped). The instance with the lowest peak TBT among those with KV room at their peak is
+  chosen — the request is committed to that same instance — and the request is rejected if
+  that peak misses the TBT SLO or if the pool's mean load at ``t*`` (the paper's "average
+  TBT ratio of all decoding instances", current overload included) exceeds 1.
+
+``baseline`` checks decode only when prefill ends (``Scheduler.confirm_decode``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
-from conductor.core.costmodel import CostModel
+from conductor.core.forecast import DecodeForecast
+from conductor.core.output_length import OutputLengthModel
+from conductor.core.plan import Rejection
+from conductor.core.policies.base import DecodeChoice, PrefillChoice, SchedulingContext
+from conductor.core.policies.decode import kv_capacity, max_batch, tbt_factor
 from conductor.core.state import InstanceState
-from conductor.core.types import InstanceId, RequestId
 
 
-@dataclass(slots=True)
-class _Entry:
-    instance: InstanceId
-    start_s: float
-    end_s: float
-    context_tokens: int
+def _tbt_slo(ctx: SchedulingContext) -> float:
+    return ctx.request.tbt_slo_s or ctx.config.tbt_slo_s
 
 
-class DecodeForecast:
-    """Predicted decode membership over time; see the module docstring.
+def check_ttft(ctx: SchedulingContext, pre: PrefillChoice, tbt_s: float) -> Rejection | None:
+    req = ctx.request
+    slo = req.ttft_slo_s or ctx.config.ttft_slo_s
+    if pre.ttft_s > slo:
+        return Rejection(
+            req.request_id,
+            "ttft_slo",
+            f"predicted TTFT {pre.ttft_s:.3f}s > SLO {slo:.3f}s on {pre.instance}",
+            pre.ttft_s,
+            tbt_s,
+        )
+    return None
 
-    ``decode_time_s`` (the uniform t_d) starts at the configured value and then follows the
-    decode durations actually observed (start of decode to finish), as an exponentially
-    weighted mean with weight ``learning_rate``: the paper leaves t_d unspecified, and a
-    fixed guess that is too short admits work the decode pool cannot hold.
-    """
 
-    __slots__ = ("_entries", "decode_time_s", "learning_rate")
+def _tbt_rejection(ctx: SchedulingContext, pre: PrefillChoice, tbt_s: float, why: str) -> Rejection:
+    slo = _tbt_slo(ctx)
+    return Rejection(
+        ctx.request.request_id,
+        "tbt_slo",
+        f"{why}TBT {tbt_s * 1e3:.1f}ms > SLO {slo * 1e3:.1f}ms",
+        pre.ttft_s,
+        tbt_s,
+    )
 
-    def __init__(self, decode_time_s: float = 20.0, learning_rate: float = 0.05) -> None:
-        self._entries: dict[RequestId, _Entry] = {}
-        self.decode_time_s = decode_time_s
-        self.learning_rate = learning_rate
 
-    def __len__(self) -> int:
-        return len(self._entries)
+def _kv_rejection(ctx: SchedulingContext, pre: PrefillChoice, tbt_s: float) -> Rejection:
+    return Rejection(
+        ctx.request.request_id, "kv_capacity", "no decode instance has KV room", pre.ttft_s, tbt_s
+    )
 
-    def add(
-        self,
-        rid: RequestId,
-        instance: InstanceId,
-        start_s: float,
-        duration_s: float,
-        context_tokens: int,
-    ) -> None:
-        self._entries[rid] = _Entry(instance, start_s, start_s + duration_s, context_tokens)
 
-    def started(self, rid: RequestId, now_s: float) -> None:
-        """The request's prefill ended at ``now_s``: its decode starts now, not as predicted."""
-        e = self._entries.get(rid)
-        if e is not None:
-            e.end_s += now_s - e.start_s
-            e.start_s = now_s
+def _instance(ctx: SchedulingContext, dec: DecodeChoice) -> InstanceState:
+    for inst in ctx.decode_pool:
+        if inst.spec.instance_id == dec.instance:
+            return inst
+    raise AssertionError(f"decode choice {dec.instance} is not in the pool")
 
-    def remove(self, rid: RequestId) -> None:
-        self._entries.pop(rid, None)
 
-    def finished(self, rid: RequestId, now_s: float) -> None:
-        """``rid`` left decode at ``now_s``: learn its decode duration, forget it."""
-        e = self._entries.pop(rid, None)
-        if e is not None and now_s > e.start_s:
-            lr = self.learning_rate
-            self.decode_time_s += lr * ((now_s - e.start_s) - self.decode_time_s)
+def check_early(ctx: SchedulingContext, pre: PrefillChoice, dec: DecodeChoice) -> Rejection | None:
+    """The paper's Early Rejection on ``dec``'s instance: its current (running) load."""
+    inst = _instance(ctx, dec)
+    d = inst.decode
+    out = ctx.output
+    prompt = ctx.request.prompt_tokens
+    tbt = ctx.cost.decode_step_s(d.running + 1, int(d.running_kv_tokens + prompt + out.mean))
+    tbt *= tbt_factor(out.mean)
+    if tbt > _tbt_slo(ctx):
+        return _tbt_rejection(ctx, pre, tbt, "predicted ")
+    room = d.running_kv_tokens + prompt + out.high <= kv_capacity(ctx, inst)
+    if not room or d.running >= max_batch(ctx, inst):
+        return _kv_rejection(ctx, pre, tbt)
+    return None
 
-    def membership_at(self, t: float) -> dict[InstanceId, tuple[int, int]]:
-        """``instance -> (batch size, context tokens)`` predicted at time ``t``."""
-        out: dict[InstanceId, tuple[int, int]] = {}
-        for e in self._entries.values():
-            if e.start_s <= t < e.end_s:
-                b, c = out.get(e.instance, (0, 0))
-                out[e.instance] = (b + 1, c + e.context_tokens)
-        return out
 
-    def load_ratio(
-        self,
-        t: float,
-        pool: Sequence[InstanceState],
-        cost: CostModel,
-        tbt_slo_s: float,
-        extra: tuple[InstanceId, int] | None = None,
-    ) -> tuple[float, float]:
-        """(mean TBT / SLO over ``pool`` at ``t``, TBT of ``extra``'s instance at ``t``),
-        with ``extra = (instance, context tokens)`` added as a request there."""
-        members = self.membership_at(t)
-        total = 0.0
-        own = 0.0
-        for inst in pool:
-            iid = inst.spec.instance_id
-            b, c = members.get(iid, (0, 0))
-            if extra is not None and extra[0] == iid:
-                b += 1
-                c += extra[1]
-                own = cost.decode_step_s(b, c)
-                total += own
-            elif b:
-                total += cost.decode_step_s(b, c)
-        return (total / len(pool) / tbt_slo_s if pool else 0.0), own
+def check_reserve(
+    ctx: SchedulingContext, pre: PrefillChoice, dec: DecodeChoice
+) -> Rejection | None:
+    """Every request assigned to ``dec``'s instance counts (the decode policy's ``fits``)."""
+    if dec.fits:
+        return None
+    if dec.tbt_s > _tbt_slo(ctx):
+        return _tbt_rejection(ctx, pre, dec.tbt_s, "predicted ")
+    return _kv_rejection(ctx, pre, dec.tbt_s)
+
+
+def check_predictive(
+    ctx: SchedulingContext,
+    pre: PrefillChoice,
+    forecast: DecodeForecast,
+    lengths: OutputLengthModel,
+) -> Rejection | DecodeChoice:
+    """The forecast over the decode window; returns the decode instance to commit to."""
+    req = ctx.request
+    out = ctx.output
+    slo = _tbt_slo(ctx)
+    t0 = ctx.now_s + pre.ttft_s
+    t1 = t0 + out.mean * forecast.token_s
+    own = req.prompt_tokens + int(out.mean)
+    loads = forecast.window(ctx.now_s, t0, t1, ctx.decode_pool, own, ctx.cost, lengths)
+    factor = tbt_factor(out.mean)
+    best = None
+    for inst, load in zip(ctx.decode_pool, loads, strict=True):
+        room = load.max_context_tokens + req.prompt_tokens + out.high <= kv_capacity(ctx, inst)
+        fits = room and load.max_batch < max_batch(ctx, inst)
+        if fits and (best is None or load.peak_step_s < best.peak_step_s):
+            best = load
+    if best is None:
+        return _kv_rejection(ctx, pre, min(w.peak_step_s for w in loads) * factor)
+    tbt = best.peak_step_s * factor
+    if tbt > slo:
+        return _tbt_rejection(ctx, pre, tbt, f"forecast over t+{pre.ttft_s:.1f}s..: ")
+    mean_load = sum(w.step_at_t0_s for w in loads) / len(loads) / slo
+    if mean_load > 1.0:
+        return _tbt_rejection(
+            ctx, pre, tbt, f"forecast pool load {mean_load:.2f} at t+{pre.ttft_s:.1f}s; "
+        )
+    return DecodeChoice(best.instance, tbt, True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from conductor.core.checks import check_at_least, check_choice, check_positive
+from conductor.core.errors import InvalidInput
 
-ADMISSION_MODES = ("off", "baseline", "early", "predictive")
-PREDICTIVE_LEVELS = ("system", "request")
+ADMISSION_MODES = ("off", "baseline", "early", "reserve", "predictive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,12 +16,20 @@ class SchedulerConfig:
 
     ``kvcache_balancing_threshold``: Algorithm 1 fetches the best remote prefix to an
     instance when ``best_prefix / local_prefix > threshold`` (a zero local prefix counts as
-    an infinite ratio). ``admission``: ``off`` never rejects; ``early`` rejects at arrival
-    when predicted TTFT or TBT misses its SLO; ``baseline`` checks prefill load at arrival and
-    decode load only when prefill ends; ``predictive`` predicts the decode load at the time
-    the request reaches decode (``decode_time_s`` is the initial uniform t_d of arXiv §7.4,
-    then learnt from observed decode durations;
-    ``predictive_level="request"`` uses each request's expected output length instead).
+    an infinite ratio). ``admission`` (arXiv §7, docs/policies.md): ``off`` never rejects;
+    every other mode rejects at arrival when the predicted TTFT misses its SLO, and then
+    ``early`` (the paper's Early Rejection) when the decode instance's *current* load (the
+    requests decoding there now) plus this one misses the TBT SLO or KV room; ``reserve``
+    when its load with every request already assigned to it (also those still in prefill)
+    does; ``baseline`` checks decode only when prefill ends; ``predictive`` forecasts the
+    decode instance over this request's whole decode window (arXiv §7.4,
+    :mod:`conductor.core.admission`).
+    ``context_tokens``: the model's context; a request without ``max_tokens`` may generate
+    up to ``context_tokens - prompt``. ``output_prior_tokens`` / ``output_prior_weight``:
+    the output-length predictor's prior (that many pseudo-requests of that length);
+    ``output_window``: the weight at which it halves its history; ``output_high_quantile``:
+    the quantile of the predicted output a new request needs as KV room
+    (:mod:`conductor.core.output_length`).
     ``cpp_enabled``: plan chunked pipeline parallel prefill over up to ``cpp_max_nodes``
     nodes (chunks of at most ``prefill_chunk_tokens``) when the best single-node prefill (its
     transfer included, its queue not) exceeds ``cpp_trigger_fraction`` x the TTFT SLO — half
@@ -30,6 +38,9 @@ class SchedulerConfig:
     node-time that a busy cluster cannot spare.
     ``replication_enabled``: plan background hot-spot replicas (``conductor.core.hotspot``)
     besides Algorithm 1's copy-on-fetch.
+    ``cost_correction``: learn per-instance prefill and decode-step factors online from the
+    engines' reported timings and predict with the corrected model
+    (:mod:`conductor.core.correction`; a no-op while the engines match the model).
     ``policy_params``: extra parameters passed to the policy by name.
     """
 
@@ -38,14 +49,18 @@ class SchedulerConfig:
     tbt_slo_s: float = 0.1
     kvcache_balancing_threshold: float = 1.0
     admission: str = "off"
-    decode_time_s: float = 20.0
-    predictive_level: str = "system"
+    context_tokens: int = 131_072
+    output_prior_tokens: int = 256
+    output_prior_weight: float = 4.0
+    output_window: float = 2048.0
+    output_high_quantile: float = 0.9
     replication_enabled: bool = False
     cpp_enabled: bool = False
     prefill_chunk_tokens: int = 8192
     cpp_max_nodes: int = 4
     cpp_trigger_fraction: float = 0.5
     cpp_helper_queue_fraction: float = 0.1
+    cost_correction: bool = True
     seed: int = 0
     policy_params: dict[str, float] = field(default_factory=dict)
 
@@ -55,7 +70,12 @@ class SchedulerConfig:
         check_positive("tbt_slo_s", self.tbt_slo_s)
         check_at_least("kvcache_balancing_threshold", self.kvcache_balancing_threshold, 1)
         check_choice("admission", self.admission, ADMISSION_MODES)
-        check_choice("predictive_level", self.predictive_level, PREDICTIVE_LEVELS)
         check_positive("prefill_chunk_tokens", self.prefill_chunk_tokens)
         check_at_least("cpp_max_nodes", self.cpp_max_nodes, 2)
-        check_positive("decode_time_s", self.decode_time_s)
+        check_at_least("context_tokens", self.context_tokens, 2)
+        check_positive("output_prior_tokens", self.output_prior_tokens)
+        check_positive("output_prior_weight", self.output_prior_weight)
+        check_at_least("output_window", self.output_window, 2 * self.output_prior_weight)
+        check_positive("output_high_quantile", self.output_high_quantile)
+        if self.output_high_quantile > 1:
+            raise InvalidInput("output_high_quantile", self.output_high_quantile, "must be <= 1")

@@ -2,194 +2,86 @@
 
 Two prefill forms behind one protocol:
 
-* :class:`RooflinePrefill` — Mooncake FAST'25 Eq. (1): ``flops(n) = l (a n^2 d + b n d^2)``;
-  reusing a cached prefix ``p`` saves ``flops(p)``, so
-  ``T(n, p) = overhead + (flops(n) - flops(p)) / (G * MFU)`` with ``G`` the node's peak.
+* :class:`RooflinePrefill` — ``T(N, p) = overhead + F(N, p) / (G * MFU)`` with ``F`` the
+  exact causal prefill FLOPs of the model's shape (:mod:`conductor.core.shapes`: linear layers
+  from the GQA/SwiGLU weights, the causal attention triangle, the LM head) and ``G`` the
+  node's peak; :meth:`RooflinePrefill.fit` fits ``overhead`` and ``MFU`` to measured prompts.
 * :class:`PolynomialPrefill` — ``T = c0 + c1 m + c2 N + c3 m N`` (m new tokens, N prompt
   length; Preble's form), with :meth:`PolynomialPrefill.fit` for offline samples — the
   "polynomial regression model fitted with offline data" of FAST §4.1.
 
-Decode step (memory-bound, DistServe form): ``T = c0 + c1 B + c2 sum_ctx``; the roofline
-derivation is ``c0 = W_bytes / (BW eta) + step overhead``, ``c2 = kv_bytes_per_token / (BW eta)``.
+Decode step (memory-bound, DistServe form): ``T = c0 + c1 B + c2 sum_ctx``; ``c2`` is the
+roofline KV read, ``kv_bytes_per_token / (BW eta)``; ``c0`` (weights read + step overhead)
+and ``c1`` are fitted to measured steps where a profile exists.
 
 KV transfer: ``T = latency + bytes / bandwidth``; the bandwidth of a path is the caller's
 business (the simulator's network model or the gateway's config).
 
+Where the LLaMA3-70B A800/A100 numbers come from (all quoted in
+``shared/reference/simulation-and-cost-models.md`` §2.3, Splitwise ``data/perf_model.csv``,
+Llama2-70B TP8 on A100, batch 1 — Llama2-70B has LLaMA3-70B's layers, so the same FLOPs):
+
+* prefill of 512 / 1,024 / 2,048 / 4,096 / 8,192 tokens: 93 / 154 / 274 / 661 / 1,550 ms
+  (:data:`SPLITWISE_A100_TP8_PREFILL`). A least-squares fit on relative error of the exact-FLOP
+  roofline gives overhead 11.1 ms and MFU 0.375 (residuals -7%, +5%, +16%, -4%, -16%: the
+  profile grows faster than the FLOPs between 2k and 8k). A separate attention efficiency
+  would fit all five within 6%, but at 4.8% of peak, which extrapolated to the trace's
+  64k-128k prompts would make attention 80% of prefill time; we do not extrapolate that
+  and use one MFU for all FLOPs.
+* decode steps at context ~512 and batch 1 / 16 / 32 / 64: 45.0 / 50.4 / 53.0 / 71.6 ms
+  (:data:`SPLITWISE_A100_TP8_DECODE`); with the KV read at 60% of HBM bandwidth (the one
+  calibration, the low end of the 60-80% rule of thumb of §2.3 — the profile's contexts are
+  too short to identify it), the fit is ``c0`` 43.2 ms, ``c1`` 0.40 ms per request
+  (residuals -3% .. +7%).
+* KV capacity: HBM less the weights at 90% usable; NIC: Transfer Engine's measured 87 GB/s on
+  4x200 Gbps (FAST §5.4).
+
+No number here was fitted to the conversation trace or to FAST Fig. 5; the Fig. 5 table's
+sensitivity to the MFU is published by ``bench/fig5_mfu.py`` (``docs/results/fig5_mfu_*``).
 Presets (see :data:`PRESETS`, the one table every shell reads) carry their sources in
-``source``; all numbers are approximate.
+``source``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
-import numpy as np
-
+from conductor.core.cost_forms import (
+    DecodeModel,
+    LinearDecode,
+    PolynomialPrefill,
+    PrefillModel,
+    RooflinePrefill,
+)
 from conductor.core.errors import InvalidInput
+from conductor.core.shapes import (
+    A100X8,
+    A800X8,
+    H100X1,
+    H100X8,
+    H200X1,
+    H200X8,
+    LLAMA2_70B,
+    LLAMA3_8B,
+    LLAMA3_70B,
+    HardwareSpec,
+    ModelSpec,
+)
 
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """Transformer shape: ``layers`` (l), ``hidden`` (d), Mooncake's ``a``/``b`` constants."""
-
-    name: str
-    layers: int
-    hidden: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    params_b: float
-    a: float = 4.0
-    b: float = 22.0
-    bytes_per_elem: int = 2
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_elem
-
-    @property
-    def weight_bytes(self) -> float:
-        return self.params_b * 1e9 * self.bytes_per_elem
-
-    def flops(self, n: float) -> float:
-        """Mooncake Eq. (1): prefill FLOPs of ``n`` tokens."""
-        d = self.hidden
-        return self.layers * (self.a * n * n * d + self.b * n * d * d)
-
-
-@dataclass(frozen=True, slots=True)
-class HardwareSpec:
-    """One instance (node or TP group): peak dense BF16 FLOP/s, HBM bandwidth, NIC."""
-
-    name: str
-    gpus: int
-    flops_per_gpu: float
-    hbm_bytes_per_s_per_gpu: float
-    hbm_bytes_per_gpu: float
-    nic_bytes_per_s: float
-
-    @property
-    def peak_flops(self) -> float:
-        return self.gpus * self.flops_per_gpu
-
-    @property
-    def hbm_bytes_per_s(self) -> float:
-        return self.gpus * self.hbm_bytes_per_s_per_gpu
-
-
-class PrefillModel(Protocol):
-    def time_s(self, prompt_tokens: int, cached_tokens: int) -> float:
-        """Predicted prefill time of a prompt of which ``cached_tokens`` are reused."""
-        ...
-
-
-class DecodeModel(Protocol):
-    def step_s(self, batch_size: int, context_tokens: int) -> float:
-        """Predicted time of one decode iteration of ``batch_size`` requests."""
-        ...
-
-
-def _check_lengths(prompt_tokens: int, cached_tokens: int) -> int:
-    if prompt_tokens <= 0:
-        raise InvalidInput("prompt_tokens", prompt_tokens, "must be > 0")
-    if cached_tokens < 0:
-        raise InvalidInput("cached_tokens", cached_tokens, "must be >= 0")
-    # At least the last token is always computed (it yields the first output token).
-    return min(cached_tokens, prompt_tokens - 1)
-
-
-@dataclass(frozen=True, slots=True)
-class RooflinePrefill:
-    model: ModelSpec
-    hardware: HardwareSpec
-    mfu: float = 0.35
-    overhead_s: float = 0.02
-
-    def time_s(self, prompt_tokens: int, cached_tokens: int) -> float:
-        p = _check_lengths(prompt_tokens, cached_tokens)
-        f = self.model.flops(prompt_tokens) - self.model.flops(p)
-        return self.overhead_s + f / (self.hardware.peak_flops * self.mfu)
-
-
-@dataclass(frozen=True, slots=True)
-class PolynomialPrefill:
-    """``T = c0 + c1 m + c2 N + c3 m N`` seconds; m = new tokens, N = prompt tokens."""
-
-    c0: float
-    c1: float
-    c2: float
-    c3: float
-
-    def time_s(self, prompt_tokens: int, cached_tokens: int) -> float:
-        p = _check_lengths(prompt_tokens, cached_tokens)
-        m = prompt_tokens - p
-        n = prompt_tokens
-        return self.c0 + self.c1 * m + self.c2 * n + self.c3 * m * n
-
-    @classmethod
-    def fit(cls, samples: Sequence[tuple[int, int, float]]) -> PolynomialPrefill:
-        """Least-squares fit to ``(prompt_tokens, cached_tokens, seconds)`` samples."""
-        if len(samples) < 4:
-            raise InvalidInput("samples", len(samples), "need at least 4 samples to fit 4 terms")
-        rows = []
-        ys = []
-        for n, p, t in samples:
-            p = _check_lengths(n, p)
-            m = n - p
-            rows.append((1.0, float(m), float(n), float(m) * n))
-            ys.append(t)
-        x = np.asarray(rows)
-        scale = np.abs(x).max(axis=0)
-        scale[scale == 0] = 1.0
-        coef, *_ = np.linalg.lstsq(x / scale, np.asarray(ys), rcond=None)
-        c = coef / scale
-        return cls(float(c[0]), float(c[1]), float(c[2]), float(c[3]))
-
-
-@dataclass(frozen=True, slots=True)
-class LinearDecode:
-    """``T = c0 + c1 B + c2 sum_ctx`` seconds per decode iteration."""
-
-    c0: float
-    c1: float
-    c2: float
-
-    def step_s(self, batch_size: int, context_tokens: int) -> float:
-        if batch_size <= 0:
-            return 0.0
-        return self.c0 + self.c1 * batch_size + self.c2 * context_tokens
-
-    @classmethod
-    def roofline(
-        cls,
-        model: ModelSpec,
-        hardware: HardwareSpec,
-        *,
-        bandwidth_efficiency: float = 0.6,
-        step_overhead_s: float = 0.003,
-        per_request_s: float = 5e-6,
-    ) -> LinearDecode:
-        bw = hardware.hbm_bytes_per_s * bandwidth_efficiency
-        return cls(
-            step_overhead_s + model.weight_bytes / bw,
-            per_request_s,
-            model.kv_bytes_per_token / bw,
-        )
-
-    @classmethod
-    def fit(cls, samples: Sequence[tuple[int, int, float]]) -> LinearDecode:
-        """Least-squares fit to ``(batch_size, context_tokens, seconds)`` samples."""
-        if len(samples) < 3:
-            raise InvalidInput("samples", len(samples), "need at least 3 samples to fit 3 terms")
-        x = np.asarray([(1.0, float(b), float(c)) for b, c, _ in samples])
-        scale = np.abs(x).max(axis=0)
-        scale[scale == 0] = 1.0
-        coef, *_ = np.linalg.lstsq(x / scale, np.asarray([t for *_, t in samples]), rcond=None)
-        c = coef / scale
-        return cls(float(c[0]), float(c[1]), float(c[2]))
+__all__ = [
+    "LLAMA3_8B",
+    "LLAMA3_70B",
+    "CostModel",
+    "DecodeModel",
+    "HardwareSpec",
+    "LinearDecode",
+    "ModelSpec",
+    "PolynomialPrefill",
+    "PrefillModel",
+    "RooflinePrefill",
+    "preset",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,29 +121,36 @@ class CostModel:
     def with_(self, **changes: object) -> CostModel:
         return replace(self, **changes)  # type: ignore[arg-type]
 
+    def with_prefill_mfu(self, mfu: float) -> CostModel:
+        """This model with its roofline prefill at ``mfu`` (a sensitivity knob)."""
+        if not isinstance(self.prefill, RooflinePrefill):
+            raise InvalidInput("prefill_mfu", mfu, f"preset {self.name} has no roofline prefill")
+        if not 0 < mfu <= 1:
+            raise InvalidInput("prefill_mfu", mfu, "must be in (0, 1]")
+        return replace(self, name=f"{self.name}@mfu{mfu:g}", prefill=replace(self.prefill, mfu=mfu))
 
-# -- presets -----------------------------------------------------------------------------
 
-LLAMA3_8B = ModelSpec("llama3-8b", 32, 4096, 32, 8, 128, 8.03, a=4.0, b=26.0)
-LLAMA3_70B = ModelSpec("llama3-70b", 80, 8192, 64, 8, 128, 70.55, a=4.0, b=22.0)
+# -- measured profiles -------------------------------------------------------------------
 
-A800X8 = HardwareSpec("8xA800-80G", 8, 312e12, 2.039e12, 80e9, 87e9)
-H100X1 = HardwareSpec("1xH100-SXM", 1, 989.5e12, 3.35e12, 80e9, 50e9)
-H100X8 = HardwareSpec("8xH100-SXM", 8, 989.5e12, 3.35e12, 80e9, 190e9)
-H200X1 = HardwareSpec("1xH200-SXM", 1, 989.5e12, 4.8e12, 141e9, 50e9)
-H200X8 = HardwareSpec("8xH200-SXM", 8, 989.5e12, 4.8e12, 141e9, 190e9)
-# The 2-layer random-weight Llama the gateway's integration tests serve on vLLM's CPU backend
-# (tests/engines/make_tiny_model.py), on a 2-core machine with VLLM_CPU_KVCACHE_SPACE=1 (GiB).
-TINY_LLAMA = ModelSpec("tiny-llama-2l-256h", 2, 256, 4, 2, 64, 0.0011)
-CPU_2CORE = HardwareSpec("cpu-2core", 1, 5e10, 1e10, 1 << 30, 1e9)
-
-# tiny-cpu, measured with vLLM 0.32 (CPU) on 2 cores, random prompts, max_tokens 1 / 65,
-# ignore_eos: prefill 16 tok ~11 ms, 512 tok ~18 ms, 1024 tok ~40 ms, 1900 tok ~51 ms; decode
-# step ~2.4 ms at 16 context tokens, ~3.8 ms at 1024 (docs/gateway.md).
-TINY_CPU_PREFILL_TOKENS_PER_S = 30_000.0
-TINY_CPU_PREFILL_OVERHEAD_S = 0.010
-TINY_CPU_DECODE_STEP_MS = 2.4
-TINY_CPU_DECODE_S_PER_CONTEXT_TOKEN = 1.3e-6
+SPLITWISE_A100_TP8_PREFILL: tuple[tuple[int, float], ...] = (
+    (512, 0.093),
+    (1024, 0.154),
+    (2048, 0.274),
+    (4096, 0.661),
+    (8192, 1.550),
+)
+"""Splitwise ``data/perf_model.csv``: Llama2-70B TP8 on A100, batch 1, (prompt tokens, s)."""
+SPLITWISE_A100_TP8_DECODE: tuple[tuple[int, int, float], ...] = (
+    (1, 512, 0.0450),
+    (16, 16 * 512, 0.0504),
+    (32, 32 * 512, 0.0530),
+    (64, 64 * 512, 0.0716),
+)
+"""Splitwise ``data/perf_model.csv``: Llama2-70B TP8 on A100 decode steps at context ~512,
+as (batch size, context tokens summed over the batch, s)."""
+KV_READ_BANDWIDTH_EFFICIENCY = 0.6
+"""Calibration: the fraction of HBM bandwidth a decode step's KV read gets (the low end of the
+reference's 60-80%; not identifiable from Splitwise's short-context steps)."""
 
 
 def _kv_capacity(model: ModelSpec, hw: HardwareSpec, usable: float = 0.9) -> int:
@@ -264,8 +163,7 @@ def _preset(
     model: ModelSpec,
     hw: HardwareSpec,
     *,
-    mfu: float,
-    prefill_overhead_s: float,
+    prefill: PrefillModel,
     decode: LinearDecode,
     source: str,
 ) -> CostModel:
@@ -273,7 +171,7 @@ def _preset(
         name=name,
         model=model,
         hardware=hw,
-        prefill=RooflinePrefill(model, hw, mfu=mfu, overhead_s=prefill_overhead_s),
+        prefill=prefill,
         decode=decode,
         transfer_bytes_per_s=hw.nic_bytes_per_s,
         kv_capacity_tokens=_kv_capacity(model, hw),
@@ -281,80 +179,64 @@ def _preset(
     )
 
 
+def _a100_class(name: str, hw: HardwareSpec) -> CostModel:
+    """LLaMA3-70B on one 8-GPU A100-class node, fitted to Splitwise's A100 TP8 profile."""
+    fitted = RooflinePrefill.fit(LLAMA2_70B, hw, SPLITWISE_A100_TP8_PREFILL)
+    c2 = LinearDecode.kv_read_s_per_token(LLAMA3_70B, hw, KV_READ_BANDWIDTH_EFFICIENCY)
+    return _preset(
+        name,
+        LLAMA3_70B,
+        hw,
+        prefill=RooflinePrefill(LLAMA3_70B, hw, mfu=fitted.mfu, overhead_s=fitted.overhead_s),
+        decode=LinearDecode.fit_with_kv(SPLITWISE_A100_TP8_DECODE, c2),
+        source=(
+            "exact causal FLOPs; prefill overhead+MFU and decode c0/c1 least-squares fitted to "
+            "Splitwise perf_model.csv, Llama2-70B TP8 A100: prefill 512/1k/2k/4k/8k tokens = "
+            "93/154/274/661/1550 ms, decode B=1/16/32/64 at ctx 512 = 45.0/50.4/53.0/71.6 ms; "
+            "KV read at 60% HBM BW (calibration); NIC 87 GB/s (FAST §5.4)"
+        ),
+    )
+
+
+def _blis_roofline(
+    name: str, model: ModelSpec, hw: HardwareSpec, overheads: tuple[float, float], bw: str
+) -> CostModel:
+    prefill_overhead_s, step_overhead_s = overheads
+    return _preset(
+        name,
+        model,
+        hw,
+        prefill=RooflinePrefill(model, hw, mfu=0.45, overhead_s=prefill_overhead_s),
+        decode=LinearDecode.roofline(model, hw, step_overhead_s=step_overhead_s),
+        source=f"exact causal FLOPs at BLIS mfuPrefill 0.45 (H100 calibration); decode roofline "
+        f"with {bw} at 60% and BLIS step/layer overheads",
+    )
+
+
 PRESETS: dict[str, CostModel] = {
     # The paper's setup: dummy LLaMA3-70B, one instance per 8xA800 node, 4x200 Gbps NICs
-    # (FAST Table 1, §5; Transfer Engine measured 87 GB/s on 4x200 Gbps, FAST §5.4).
-    # Prefill: Eq. (1) at MFU 0.5 + 20 ms. FAST publishes no MFU; Splitwise's A100 TP8
-    # profile implies ~0.3-0.37, but at 0.35 the conversation trace's uncached prefill work
-    # is 1.2x what 8 instances can do, so random placement would diverge, while FAST Fig. 5
-    # reports a finite 19.65 s. At 0.5 uncached utilisation is 0.85. Decode: c0 = 44 ms and
-    # 0.35 ms/request match Splitwise's measured A100 TP8 steps (45 ms at B=1, 71.6 ms at
-    # B=64), plus the roofline KV read at 60% of HBM bandwidth.
-    "llama3-70b-a800x8": _preset(
-        "llama3-70b-a800x8",
-        LLAMA3_70B,
-        A800X8,
-        mfu=0.5,
-        prefill_overhead_s=0.02,
-        decode=LinearDecode(
-            0.044, 0.00035, LLAMA3_70B.kv_bytes_per_token / (A800X8.gpus * 2.039e12 * 0.6)
-        ),
-        source="Mooncake FAST'25 Table 1 and §5.4; Splitwise perf_model.csv (A100 TP8)",
+    # (FAST Table 1, §5). A800 = A100 compute and HBM, so the A100 profile applies (its
+    # 400 GB/s NVLink, vs 600, would only slow TP all-reduces: not modelled).
+    "llama3-70b-a800x8": _a100_class("llama3-70b-a800x8", A800X8),
+    "llama3-70b-a100x8": _a100_class("llama3-70b-a100x8", A100X8),
+    # Splitwise's H100 TP8 profile (2023 software) implies MFU 0.23 with the same fit; we keep
+    # BLIS's calibrated 0.45 for current H100 stacks.
+    "llama3-70b-h100x8": _blis_roofline(
+        "llama3-70b-h100x8", LLAMA3_70B, H100X8, (0.015, 0.0055), "HBM 3.35 TB/s"
     ),
-    "llama3-70b-h100x8": _preset(
-        "llama3-70b-h100x8",
-        LLAMA3_70B,
-        H100X8,
-        mfu=0.45,
-        prefill_overhead_s=0.015,
-        decode=LinearDecode.roofline(LLAMA3_70B, H100X8, step_overhead_s=0.0055),
-        source="roofline, BLIS mfuPrefill 0.45 (H100), BLIS step/layer overheads",
+    "llama3-70b-h200x8": _blis_roofline(
+        "llama3-70b-h200x8", LLAMA3_70B, H200X8, (0.015, 0.0055), "H200 HBM 4.8 TB/s"
     ),
-    "llama3-70b-h200x8": _preset(
-        "llama3-70b-h200x8",
-        LLAMA3_70B,
-        H200X8,
-        mfu=0.45,
-        prefill_overhead_s=0.015,
-        decode=LinearDecode.roofline(LLAMA3_70B, H200X8, step_overhead_s=0.0055),
-        source="roofline with H200 HBM 4.8 TB/s, BLIS mfuPrefill 0.45, BLIS overheads",
+    "llama3-8b-h100": _blis_roofline(
+        "llama3-8b-h100", LLAMA3_8B, H100X1, (0.008, 0.0023), "HBM 3.35 TB/s"
     ),
-    "llama3-8b-h100": _preset(
-        "llama3-8b-h100",
-        LLAMA3_8B,
-        H100X1,
-        mfu=0.45,
-        prefill_overhead_s=0.008,
-        decode=LinearDecode.roofline(LLAMA3_8B, H100X1, step_overhead_s=0.0023),
-        source="roofline, BLIS mfuPrefill 0.45 (H100), BLIS step/layer overheads",
-    ),
-    "llama3-8b-h200": _preset(
-        "llama3-8b-h200",
-        LLAMA3_8B,
-        H200X1,
-        mfu=0.45,
-        prefill_overhead_s=0.008,
-        decode=LinearDecode.roofline(LLAMA3_8B, H200X1, step_overhead_s=0.0023),
-        source="roofline with H200 HBM 4.8 TB/s, BLIS mfuPrefill 0.45, BLIS overheads",
-    ),
-    # Prefill T = overhead + new_tokens / rate; a decode step of a few milliseconds.
-    "tiny-cpu": CostModel(
-        name="tiny-cpu",
-        model=TINY_LLAMA,
-        hardware=CPU_2CORE,
-        prefill=PolynomialPrefill(
-            TINY_CPU_PREFILL_OVERHEAD_S, 1.0 / TINY_CPU_PREFILL_TOKENS_PER_S, 0.0, 0.0
-        ),
-        decode=LinearDecode(
-            TINY_CPU_DECODE_STEP_MS / 1e3, 1e-4, TINY_CPU_DECODE_S_PER_CONTEXT_TOKEN
-        ),
-        transfer_bytes_per_s=CPU_2CORE.nic_bytes_per_s,
-        kv_capacity_tokens=int(CPU_2CORE.hbm_bytes_per_gpu) // TINY_LLAMA.kv_bytes_per_token,
-        max_batch_size=256,
-        source="measured: vLLM 0.32 CPU backend, tiny model, 2 cores (docs/gateway.md)",
+    "llama3-8b-h200": _blis_roofline(
+        "llama3-8b-h200", LLAMA3_8B, H200X1, (0.008, 0.0023), "H200 HBM 4.8 TB/s"
     ),
 }
-"""The one table of cost-model presets: the simulator, the gateway and the emulator read it."""
+"""The one table of cost-model presets: the simulator, the gateway and the emulator read it.
+A measured engine is not a preset: ``conductor profile`` writes its cost file and every shell
+reads it with ``--cost-file`` (:mod:`conductor.core.cost_file`)."""
 DEFAULT_PRESET = "llama3-70b-a800x8"
 """The simulator's (and ``conductor serve``'s) preset: the paper's setup."""
 

@@ -51,20 +51,28 @@ class InstanceGone:
 
 @dataclass(frozen=True, slots=True)
 class PrefillFinished:
-    """The prefill of ``request_id`` ended on ``instance`` at ``now_s`` (first token out)."""
+    """The prefill of ``request_id`` ended on ``instance`` at ``now_s`` (first token out).
+    ``duration_s`` (its compute time) and ``cached_tokens`` (the prompt tokens it reused), when
+    the engine reports them, let the scheduler correct its prefill model
+    (:mod:`conductor.core.correction`)."""
 
     request_id: RequestId
     instance: InstanceId
     now_s: float
+    duration_s: float | None = None
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class RequestFinished:
-    """``request_id`` left its decode instance (completed, aborted or failed)."""
+    """``request_id`` left its decode instance (completed, aborted or failed) after
+    generating ``output_tokens`` (None: not known); the output-length predictor learns from
+    it."""
 
     request_id: RequestId
     instance: InstanceId
     now_s: float
+    output_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +85,33 @@ class DecodeProgress:
     now_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeStepsObserved:
+    """``instance`` ran ``steps`` decode iterations taking ``busy_s`` seconds in all, with
+    ``batch_sum`` requests and ``context_sum`` context tokens summed over those iterations
+    (an engine's iteration statistics; the decode-side input of the cost correction)."""
+
+    instance: InstanceId
+    steps: int
+    busy_s: float
+    batch_sum: int
+    context_sum: int
+    now_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What ``instance`` reports about itself at ``now_s``: ``running`` and ``waiting``
+    requests and the fraction ``kv_usage`` of its KV cache in use (vLLM's ``/metrics``)."""
+
+    instance: InstanceId
+    running: int
+    waiting: int
+    kv_usage: float
+    now_s: float
+
+
 KvEvent = BlocksStored | BlocksRemoved | AllBlocksCleared | InstanceGone
 LifecycleEvent = PrefillFinished | RequestFinished | DecodeProgress
-Event = KvEvent | LifecycleEvent
+ObservedEvent = DecodeStepsObserved | EngineLoad
+Event = KvEvent | LifecycleEvent | ObservedEvent

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel
 from conductor.core.events import Event, PrefillFinished, RequestFinished
+from conductor.core.output_length import OutputEstimate, OutputLengthModel
 from conductor.core.plan import Decision, Plan, Rejection
 from conductor.core.policies import DecodePolicy
 from conductor.core.policies.registry import DEFAULT_POLICY
@@ -37,8 +38,8 @@ from conductor.core.types import InstanceId, Request, RequestId
 class Reserved:
     """A plan committed: ``prefill_s`` of work (``new_tokens``) queued on each of ``prefill``
     (one node, or a pipelined group); a decode reservation on ``decode`` (None: chosen only at
-    the end of prefill, ``baseline`` admission) starting ``ttft_s`` from now for
-    ``decode_s``."""
+    the end of prefill, ``baseline`` admission) starting ``ttft_s`` from now, for an output
+    predicted as ``output_*`` (an :class:`~conductor.core.output_length.OutputEstimate`)."""
 
     request_id: RequestId
     prefill: tuple[InstanceId, ...]
@@ -46,10 +47,15 @@ class Reserved:
     new_tokens: int
     decode: InstanceId | None
     prompt_tokens: int
-    output_tokens: int
+    output_mean: float
+    output_high: float
+    output_cap: int
     ttft_s: float
-    decode_s: float
     prefill_done: bool = False
+
+    @property
+    def output(self) -> OutputEstimate:
+        return OutputEstimate(self.output_mean, self.output_high, self.output_cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +64,6 @@ class DecodeReserved:
 
     request_id: RequestId
     decode: InstanceId
-    decode_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +75,12 @@ class PrefillDone:
 
 @dataclass(frozen=True, slots=True)
 class Released:
-    """``request_id`` left the cluster: ``completed``, or cancelled / failed / lost."""
+    """``request_id`` left the cluster: ``completed`` (after ``output_tokens``, when known),
+    or cancelled / failed / lost."""
 
     request_id: RequestId
     completed: bool = True
+    output_tokens: int | None = None
 
 
 ReservationEvent = Reserved | DecodeReserved | PrefillDone | Released
@@ -90,9 +97,16 @@ class ReplicaScheduler(Scheduler):
         policy: str = DEFAULT_POLICY,
         config: SchedulerConfig | None = None,
         decode_policy: DecodePolicy | None = None,
+        output_lengths: OutputLengthModel | None = None,
         stagger: tuple[int, int] = (0, 1),
     ) -> None:
-        super().__init__(cost, policy=policy, config=config, decode_policy=decode_policy)
+        super().__init__(
+            cost,
+            policy=policy,
+            config=config,
+            decode_policy=decode_policy,
+            output_lengths=output_lengths,
+        )
         self.stagger = stagger
         self._rotated: tuple[object, tuple[list[InstanceState], list[InstanceState]]] | None = None
         self.outbox: list[ReservationEvent] = []
@@ -120,10 +134,6 @@ class ReplicaScheduler(Scheduler):
             self._rotated = (base, (pre[i:] + pre[:i], dec[j:] + dec[:j]))
         return self._rotated[1]
 
-    def decode_duration_s(self, request: Request, tbt_s: float) -> float:
-        """How long the decode reservation is predicted to last (the scheduler's rule)."""
-        return self._decode_duration_s(request, tbt_s)
-
     def schedule(self, request: Request, now_s: float) -> Decision:
         decision = super().schedule(request, now_s)
         if isinstance(decision, Plan):
@@ -132,6 +142,7 @@ class ReplicaScheduler(Scheduler):
 
     def _reserved(self, request: Request, plan: Plan) -> Reserved:
         deferred = self.config.admission == "baseline"
+        out = self._inflight[request.request_id].output
         return Reserved(
             request.request_id,
             plan.cpp.nodes if plan.cpp is not None else (plan.prefill,),
@@ -139,9 +150,10 @@ class ReplicaScheduler(Scheduler):
             request.prompt_tokens - plan.cached_tokens,
             None if deferred else plan.decode,
             request.prompt_tokens,
-            request.output_tokens,
+            out.mean,
+            out.high,
+            out.cap,
             plan.predicted_ttft_s,
-            self.decode_duration_s(request, plan.predicted_tbt_s),
         )
 
     def on_event(self, event: Event) -> None:
@@ -153,7 +165,8 @@ class ReplicaScheduler(Scheduler):
         if local and isinstance(event, PrefillFinished):
             self._emit(PrefillDone(event.request_id))
         elif local:
-            self._emit(Released(event.request_id, completed=True))
+            assert isinstance(event, RequestFinished)
+            self._emit(Released(event.request_id, True, event.output_tokens))
 
     def cancel(self, rid: RequestId) -> None:
         if rid in self._inflight:
@@ -174,8 +187,7 @@ class ReplicaScheduler(Scheduler):
             if isinstance(choice, Rejection):
                 self._emit(Released(rid, completed=False))
             else:
-                tbt = choice_tbt_s(self, choice)
-                self._emit(DecodeReserved(rid, choice, self.decode_duration_s(f.request, tbt)))
+                self._emit(DecodeReserved(rid, choice))
         return choice
 
     def snapshot(self) -> list[Reserved]:
@@ -183,31 +195,26 @@ class ReplicaScheduler(Scheduler):
         out: list[Reserved] = []
         for rid, f in self._inflight.items():
             req = f.request
-            nodes = f.cpp_nodes or (f.prefill,)
             state = self.instances.get(f.prefill)
             pred = state.prefill._pred_s.get(rid, 0.0) if state is not None else 0.0
             toks = state.prefill._tokens.get(rid, 0) if state is not None else 0
+            o = f.output
             out.append(
                 Reserved(
                     rid,
-                    nodes,
+                    f.cpp_nodes or (f.prefill,),
                     pred,
                     toks,
                     f.decode,
                     req.prompt_tokens,
-                    req.output_tokens,
+                    o.mean,
+                    o.high,
+                    o.cap,
                     0.0,
-                    self.forecast.decode_time_s,
                     prefill_done=f.prefill_done,
                 )
             )
         return out
-
-
-def choice_tbt_s(scheduler: Scheduler, decode: InstanceId) -> float:
-    """The step time of ``decode``'s current batch (the TBT a new member would see)."""
-    d = scheduler.instances[decode].decode
-    return scheduler.cost.decode_step_s(d.batch_size, d.context_tokens)
 
 
 @dataclass(slots=True)
@@ -248,7 +255,9 @@ class RemoteReservations:
         match event:
             case Reserved():
                 if event.request_id in entries:
-                    self._release(key, entries.pop(event.request_id), completed=False, now_s=now_s)
+                    self._release(
+                        key, entries.pop(event.request_id), output_tokens=None, now_s=now_s
+                    )
                 if not event.prefill_done:
                     for node in event.prefill:
                         st = s.instances.get(node)
@@ -257,11 +266,11 @@ class RemoteReservations:
                 entries[event.request_id] = _Remote(event, None, event.prefill_done)
                 if event.decode is not None:
                     start = now_s if event.prefill_done else now_s + event.ttft_s
-                    self._admit(key, entries[event.request_id], event.decode, start, event.decode_s)
-            case DecodeReserved(rid, decode, decode_s):
+                    self._admit(key, entries[event.request_id], event.decode, start)
+            case DecodeReserved(rid, decode):
                 e = entries.get(rid)
                 if e is not None and e.decode is None:
-                    self._admit(key, e, decode, now_s, decode_s)
+                    self._admit(key, e, decode, now_s)
             case PrefillDone(rid):
                 e = entries.get(rid)
                 if e is not None and not e.prefill_done:
@@ -271,25 +280,30 @@ class RemoteReservations:
                         if st is not None:
                             st.prefill.finish(key, now_s)
                     s.forecast.started(key, now_s)
-            case Released(rid, completed):
+                    d = s.instances.get(e.decode) if e.decode is not None else None
+                    if d is not None:
+                        d.decode.start(key)
+            case Released(rid, completed, output_tokens):
                 e = entries.pop(rid, None)
                 if e is not None:
-                    self._release(key, e, completed=completed, now_s=now_s)
+                    out = output_tokens if completed else None
+                    self._release(key, e, output_tokens=out, now_s=now_s)
 
-    def _admit(
-        self, key: RequestId, e: _Remote, decode: InstanceId, start_s: float, decode_s: float
-    ) -> None:
+    def _admit(self, key: RequestId, e: _Remote, decode: InstanceId, start_s: float) -> None:
         st = self.scheduler.instances.get(decode)
         if st is None:
             return
         e.decode = decode
         r = e.event
-        st.decode.admit(key, r.prompt_tokens, r.output_tokens)
+        started = e.prefill_done
+        st.decode.admit(key, r.prompt_tokens, int(r.output_mean), started=started)
         self.scheduler.forecast.add(
-            key, decode, start_s, decode_s, r.prompt_tokens + r.output_tokens
+            key, decode, start_s, r.prompt_tokens, r.output, started=started
         )
 
-    def _release(self, key: RequestId, e: _Remote, *, completed: bool, now_s: float) -> None:
+    def _release(
+        self, key: RequestId, e: _Remote, *, output_tokens: int | None, now_s: float
+    ) -> None:
         s = self.scheduler
         if not e.prefill_done:
             for node in e.event.prefill:
@@ -300,8 +314,8 @@ class RemoteReservations:
             st = s.instances.get(e.decode)
             if st is not None:
                 st.decode.release(key)
-        if completed:
-            s.forecast.finished(key, now_s)
+        if output_tokens is not None:
+            s.forecast.finished(key, now_s, output_tokens)
         else:
             s.forecast.remove(key)
 
@@ -309,7 +323,7 @@ class RemoteReservations:
         """``replica`` vanished: drop all its reservations; returns how many."""
         entries = self.by_replica.pop(replica, {})
         for rid, e in entries.items():
-            self._release(self.key(replica, rid), e, completed=False, now_s=now_s)
+            self._release(self.key(replica, rid), e, output_tokens=None, now_s=now_s)
         return len(entries)
 
     def replace(self, replica: str, snapshot: list[Reserved], now_s: float) -> None:

@@ -10,9 +10,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import cast
 
-from conductor.core.admission import DecodeForecast
+from conductor.core.admission import check_early, check_predictive, check_reserve, check_ttft
 from conductor.core.chunked_pipeline import PipelinePlan, pipeline_if_faster
 from conductor.core.config import SchedulerConfig
+from conductor.core.correction import CostCorrection
 from conductor.core.costmodel import CostModel
 from conductor.core.errors import InvalidInput, UnknownInstance
 from conductor.core.events import (
@@ -25,10 +26,17 @@ from conductor.core.events import (
     PrefillFinished,
     RequestFinished,
 )
+from conductor.core.forecast import DecodeForecast
 from conductor.core.hotspot import HotspotTracker
+from conductor.core.output_length import (
+    LengthHistogram,
+    OutputEstimate,
+    OutputLengthModel,
+    output_cap,
+)
 from conductor.core.plan import Decision, Fetch, Migration, Plan, Rejection
 from conductor.core.policies import DecodePolicy, PrefillChoice, SchedulingContext, make_policy
-from conductor.core.policies.decode import LeastTbtDecode, tbt_factor
+from conductor.core.policies.decode import LeastTbtDecode
 from conductor.core.policies.registry import DEFAULT_POLICY
 from conductor.core.prefix_index import PrefixIndex
 from conductor.core.state import InstanceSpec, InstanceState
@@ -40,8 +48,19 @@ class _InFlight:
     request: Request
     prefill: InstanceId
     decode: InstanceId | None
+    output: OutputEstimate
     cpp_nodes: tuple[InstanceId, ...] = ()
     prefill_done: bool = False
+
+
+def length_model(config: SchedulerConfig) -> LengthHistogram:
+    """The output-length predictor ``config`` describes (its prior, window and quantile)."""
+    return LengthHistogram(
+        prior_tokens=config.output_prior_tokens,
+        prior_weight=config.output_prior_weight,
+        max_weight=config.output_window,
+        high_quantile=config.output_high_quantile,
+    )
 
 
 class Scheduler:
@@ -50,6 +69,9 @@ class Scheduler:
     Invariants: every in-flight request's prefill instance has it queued until
     :class:`PrefillFinished`; its decode instance holds its KV reservation until
     :class:`RequestFinished`; an instance removed takes its bookkeeping and blocks along.
+    Output lengths are never given: ``output_lengths`` (default: a
+    :class:`~conductor.core.output_length.LengthHistogram` with the config's prior) predicts
+    them and learns from ``RequestFinished.output_tokens``.
     """
 
     def __init__(
@@ -59,9 +81,11 @@ class Scheduler:
         policy: str = DEFAULT_POLICY,
         config: SchedulerConfig | None = None,
         decode_policy: DecodePolicy | None = None,
+        output_lengths: OutputLengthModel | None = None,
     ) -> None:
-        self.cost = cost
+        self.cost = cost  # what predictions use: the nominal model, corrected online
         self.config = config or SchedulerConfig()
+        self.correction = CostCorrection(cost, enabled=self.config.cost_correction)
         self.policy_name = policy
         self.policy = make_policy(policy)
         if decode_policy is None and hasattr(self.policy, "choose_decode"):
@@ -73,7 +97,8 @@ class Scheduler:
         self._rng = random.Random(self.config.seed)
         self._rr = 0
         self._pools: tuple[list[InstanceState], list[InstanceState]] | None = None
-        self.forecast = DecodeForecast(self.config.decode_time_s)
+        self.lengths: OutputLengthModel = output_lengths or length_model(self.config)
+        self.forecast = DecodeForecast(self.config.tbt_slo_s)
         self.hotspots = HotspotTracker() if self.config.replication_enabled else None
 
     # -- membership ----------------------------------------------------------------------
@@ -130,6 +155,10 @@ class Scheduler:
 
     # -- events --------------------------------------------------------------------------
     def on_event(self, event: Event) -> None:
+        consumed = self.correction.observe(event, self.instances, self._inflight.get)
+        self.cost = self.correction.cost
+        if consumed:  # an engine's timing or load report (conductor.core.correction)
+            return
         match event:
             case BlocksStored(holder, hashes, tier, _):
                 self.index.store(holder, hashes, tier)
@@ -145,12 +174,20 @@ class Scheduler:
                 f = self._inflight.get(rid)
                 if f is not None:
                     f.prefill_done = True
-            case RequestFinished(rid, inst, now):
+                    d = self.instances.get(f.decode) if f.decode is not None else None
+                    if d is not None:
+                        d.decode.start(rid)
+            case RequestFinished(rid, inst, now, out):
                 self._state(inst).decode.release(rid)
-                self.forecast.finished(rid, now)
+                self.forecast.finished(rid, now, out)
                 self._inflight.pop(rid, None)
+                if out is not None:
+                    self.lengths.observe(rid, out)
             case DecodeProgress(rid, inst, generated, _):
-                self._state(inst).decode.progress(rid, generated)
+                f = self._inflight.get(rid)
+                cap = f.output.cap if f is not None else self.config.context_tokens
+                expected = generated + self.lengths.remaining(rid, generated, cap)
+                self._state(inst).decode.progress(rid, generated, int(expected))
             case _:
                 raise InvalidInput("event", event, "not a conductor event")
 
@@ -180,8 +217,8 @@ class Scheduler:
     def validate(self, request: Request) -> None:
         if request.prompt_tokens <= 0:
             raise InvalidInput("prompt_tokens", request.prompt_tokens, "must be > 0")
-        if request.output_tokens < 0:
-            raise InvalidInput("output_tokens", request.output_tokens, "must be >= 0")
+        if request.max_tokens is not None and request.max_tokens < 1:
+            raise InvalidInput("max_tokens", request.max_tokens, "must be >= 1")
         most = math.ceil(request.prompt_tokens / self.config.block_size_tokens)
         if len(request.block_hashes) > most:
             raise InvalidInput(
@@ -207,6 +244,7 @@ class Scheduler:
             config=self.config,
             rng=self._rng,
             round_robin_counter=self._rr,
+            output=self.lengths.estimate(request, output_cap(request, self.config.context_tokens)),
         )
 
     def schedule(self, request: Request, now_s: float) -> Decision:
@@ -225,78 +263,22 @@ class Scheduler:
         if cpp is not None:
             pre = replace(pre, queue_s=cpp.queue_s, prefill_s=cpp.prefill_s)
         dec = self.decode_policy.choose_decode(ctx, pre)
-        rejection = self._admit(ctx, pre, dec.tbt_s, dec.fits)
-        if rejection is not None:
-            return rejection
-        return self._commit(ctx, pre, dec.instance, dec.tbt_s, cpp)
-
-    def _admit(
-        self, ctx: SchedulingContext, pre: PrefillChoice, tbt_s: float, decode_fits: bool
-    ) -> Rejection | None:
         mode = self.config.admission
-        if mode == "off":
-            return None
-        req = ctx.request
-        ttft_slo = req.ttft_slo_s or self.config.ttft_slo_s
-        if pre.ttft_s > ttft_slo:
-            return Rejection(
-                req.request_id,
-                "ttft_slo",
-                f"predicted TTFT {pre.ttft_s:.3f}s > SLO {ttft_slo:.3f}s on {pre.instance}",
-                pre.ttft_s,
-                tbt_s,
-            )
-        if mode == "predictive":
-            return self._admit_predictive(ctx, pre, tbt_s, decode_fits)
-        if mode == "early" and not decode_fits:
-            tbt_slo = req.tbt_slo_s or self.config.tbt_slo_s
-            code, why = (
-                ("tbt_slo", f"predicted TBT {tbt_s * 1e3:.1f}ms > SLO {tbt_slo * 1e3:.1f}ms")
-                if tbt_s > tbt_slo
-                else ("kv_capacity", "no decode instance has KV room")
-            )
-            return Rejection(req.request_id, code, why, pre.ttft_s, tbt_s)
-        return None
-
-    def _decode_duration_s(self, req: Request, tbt_s: float) -> float:
-        if self.config.predictive_level == "request":
-            return max(1, req.output_tokens - 1) * tbt_s
-        return self.forecast.decode_time_s
-
-    def _admit_predictive(
-        self, ctx: SchedulingContext, pre: PrefillChoice, tbt_s: float, decode_fits: bool
-    ) -> Rejection | None:
-        """Early Rejection based on Prediction (arXiv §7.4): the decode load predicted for the
-        moment this request's prefill ends, with requests finishing by then removed."""
-        req = ctx.request
-        if not decode_fits and tbt_s <= (req.tbt_slo_s or self.config.tbt_slo_s):
-            return Rejection(req.request_id, "kv_capacity", "no decode instance has KV room")
-        tbt_slo = req.tbt_slo_s or self.config.tbt_slo_s
-        t_star = ctx.now_s + pre.ttft_s
-        best: tuple[float, float, InstanceId] | None = None
-        for inst in ctx.decode_pool:
-            load, own = self.forecast.load_ratio(
-                t_star,
-                ctx.decode_pool,
-                self.cost,
-                tbt_slo,
-                (inst.spec.instance_id, req.prompt_tokens),
-            )
-            if best is None or own < best[1]:
-                best = (load, own, inst.spec.instance_id)
-        assert best is not None
-        load, own, _ = best
-        own *= tbt_factor(req.output_tokens)
-        if load > 1.0 or own > tbt_slo:
-            return Rejection(
-                req.request_id,
-                "tbt_slo",
-                f"predicted decode load {load:.2f} (TBT {own * 1e3:.1f}ms at t+{pre.ttft_s:.1f}s)"
-                f" > SLO {tbt_slo * 1e3:.1f}ms",
-                pre.ttft_s,
-                own,
-            )
-        return None
+        if mode != "off":
+            rejection = check_ttft(ctx, pre, dec.tbt_s)
+            if rejection is None and mode == "early":
+                rejection = check_early(ctx, pre, dec)
+            elif rejection is None and mode == "reserve":
+                rejection = check_reserve(ctx, pre, dec)
+            elif rejection is None and mode == "predictive":
+                forecast = check_predictive(ctx, pre, self.forecast, self.lengths)
+                if isinstance(forecast, Rejection):
+                    rejection = forecast
+                else:
+                    dec = forecast  # admission and commit: the same decode instance
+            if rejection is not None:
+                return rejection
+        return self._commit(ctx, pre, dec.instance, dec.tbt_s, cpp)
 
     def _commit(
         self,
@@ -323,18 +305,13 @@ class Scheduler:
             migrations = (Migration(pre.fetch_source, pre.instance, hashes),)
         deferred = self.config.admission == "baseline"
         if not deferred:
+            out = ctx.output
             self.forecast.add(
-                req.request_id,
-                decode,
-                ctx.now_s + pre.ttft_s,
-                self._decode_duration_s(req, tbt_s),
-                req.prompt_tokens + req.output_tokens,
+                req.request_id, decode, ctx.now_s + pre.ttft_s, req.prompt_tokens, out
             )
-            self.instances[decode].decode.admit(
-                req.request_id, req.prompt_tokens, req.output_tokens
-            )
+            self.instances[decode].decode.admit(req.request_id, req.prompt_tokens, int(out.mean))
         self._inflight[req.request_id] = _InFlight(
-            req, pre.instance, None if deferred else decode, cpp.nodes if cpp else ()
+            req, pre.instance, None if deferred else decode, ctx.output, cpp.nodes if cpp else ()
         )
         if self.hotspots is not None:
             best = ctx.match.best_blocks
@@ -379,14 +356,11 @@ class Scheduler:
             code = "tbt_slo" if dec.tbt_s > tbt_slo else "kv_capacity"
             return Rejection(rid, code, f"decode check at prefill end: {code}", None, dec.tbt_s)
         req = f.request
-        self.instances[dec.instance].decode.admit(rid, req.prompt_tokens, req.output_tokens)
-        self.forecast.add(
-            rid,
-            dec.instance,
-            now_s,
-            self._decode_duration_s(req, dec.tbt_s),
-            req.prompt_tokens + req.output_tokens,
+        started = f.prefill_done
+        self.instances[dec.instance].decode.admit(
+            rid, req.prompt_tokens, int(f.output.mean), started=started
         )
+        self.forecast.add(rid, dec.instance, now_s, req.prompt_tokens, f.output, started=started)
         f.decode = dec.instance
         return dec.instance
 

@@ -6,12 +6,14 @@ times of all queued requests" (FAST §4.1) including what is left of the running
 prefill ends, the rest of the queue is re-anchored at that moment (FCFS: the next one starts
 now), so a prediction error moves the queue once and never accumulates.
 
-Decode: the running batch (requests, context tokens) and the KV tokens reserved for them
-(prompt + expected output), so admission can check both TBT and KV room.
+Decode: the assigned requests (context tokens) and the KV tokens reserved for them
+(prompt + predicted output, see :class:`DecodeState`), those of them already decoding
+(``running``), so admission can check both TBT and KV room.
 
 Invariants: ``queued_requests == len(_pred_s)``; ``_sum_pred_s == sum(_pred_s.values())``;
 ``batch_size == len(_ctx)``; ``context_tokens == sum(_ctx.values())``;
-``kv_reserved_tokens == sum(_kv.values())``.
+``kv_reserved_tokens == sum(_kv.values())``; ``running == len(_started)``;
+``running_kv_tokens == sum(_kv[r] for r in _started)``.
 """
 
 from __future__ import annotations
@@ -95,30 +97,61 @@ class PrefillState:
 
 @dataclass(slots=True)
 class DecodeState:
+    """The requests assigned to a decode instance, vLLM-style: each holds its prompt's KV now
+    and a headroom for the output it is predicted to still generate (``prompt +
+    max(expected output, generated so far)``), not its cap. ``running``: those whose decode
+    has started (prefill done), the instance's *current* load; the others are reserved."""
+
     context_tokens: int = 0
     kv_reserved_tokens: int = 0
+    running: int = 0
+    running_kv_tokens: int = 0
     _ctx: dict[RequestId, int] = field(default_factory=dict)
     _kv: dict[RequestId, int] = field(default_factory=dict)
     _prompt: dict[RequestId, int] = field(default_factory=dict)
+    _started: set[RequestId] = field(default_factory=set)
 
     @property
     def batch_size(self) -> int:
         return len(self._ctx)
 
-    def admit(self, rid: RequestId, prompt_tokens: int, output_tokens: int) -> None:
+    def admit(
+        self, rid: RequestId, prompt_tokens: int, output_tokens: int, *, started: bool = False
+    ) -> None:
+        """Reserve ``prompt_tokens + output_tokens`` (the expected output) for ``rid``."""
         self._ctx[rid] = prompt_tokens
         self._prompt[rid] = prompt_tokens
         self._kv[rid] = prompt_tokens + output_tokens
         self.context_tokens += prompt_tokens
         self.kv_reserved_tokens += prompt_tokens + output_tokens
+        if started:
+            self.start(rid)
 
-    def progress(self, rid: RequestId, generated_tokens: int) -> None:
+    def start(self, rid: RequestId) -> None:
+        """``rid``'s decode started (its prefill ended)."""
+        kv = self._kv.get(rid)
+        if kv is None or rid in self._started:
+            return
+        self._started.add(rid)
+        self.running += 1
+        self.running_kv_tokens += kv
+
+    def progress(self, rid: RequestId, generated_tokens: int, expected_tokens: int) -> None:
+        """``rid`` produced ``generated_tokens`` so far and is now expected to produce
+        ``expected_tokens`` in all: its context grows, its reservation follows."""
         old = self._ctx.get(rid)
         if old is None:
             return
-        new = self._prompt[rid] + generated_tokens
+        prompt = self._prompt[rid]
+        new = prompt + generated_tokens
         self._ctx[rid] = new
         self.context_tokens += new - old
+        kv = prompt + max(expected_tokens, generated_tokens)
+        grow = kv - self._kv[rid]
+        self._kv[rid] = kv
+        self.kv_reserved_tokens += grow
+        if rid in self._started:
+            self.running_kv_tokens += grow
 
     def release(self, rid: RequestId) -> None:
         ctx = self._ctx.pop(rid, None)
@@ -126,7 +159,12 @@ class DecodeState:
             return
         self._prompt.pop(rid)
         self.context_tokens -= ctx
-        self.kv_reserved_tokens -= self._kv.pop(rid)
+        kv = self._kv.pop(rid)
+        self.kv_reserved_tokens -= kv
+        if rid in self._started:
+            self._started.discard(rid)
+            self.running -= 1
+            self.running_kv_tokens -= kv
 
     def requests(self) -> list[RequestId]:
         return list(self._ctx)

@@ -51,13 +51,15 @@ class Request:
 
     ``block_hashes`` covers the prompt's blocks in order; for Mooncake traces the last block
     may be partial (``len(block_hashes) == ceil(prompt_tokens / block_size)``).
-    ``output_tokens`` is the expected (trace) or maximum (``max_tokens``) output length.
+    ``max_tokens`` is the client's cap on the output (None: up to the model's context); how
+    many tokens the request will really generate is not known to the scheduler, which
+    predicts it (:mod:`conductor.core.output_length`).
     """
 
     request_id: RequestId
     prompt_tokens: int
     block_hashes: tuple[BlockHash, ...]
-    output_tokens: int = 1
+    max_tokens: int | None = None
     arrival_s: float = 0.0
     ttft_slo_s: float | None = None
     tbt_slo_s: float | None = None

@@ -7,16 +7,16 @@ import math
 from dataclasses import dataclass
 
 from conductor.core.checks import check_at_least, check_choice, check_port, check_positive
-from conductor.core.costmodel import PRESETS
+from conductor.core.costmodel import PRESETS, CostModel
 from conductor.core.errors import InvalidInput
 from conductor.core.types import Role
 
 
 @dataclass(frozen=True, slots=True)
 class EmulatorConfig:
-    """One engine. Times are the cost model's (preset ``preset`` of ``core.costmodel``)
-    divided by ``speedup``; ``instant`` makes every step take no time at all (the engine then
-    only costs CPU).
+    """One engine. Times are the cost model's (``cost`` when given, else preset ``preset``
+    of ``core.costmodel``) divided by ``speedup``; ``instant`` makes every step take no time
+    at all (the engine then only costs CPU).
 
     ``cache_blocks`` is the KV cache's size in blocks of ``block_size_tokens`` tokens (32 by
     default: vLLM's CPU attention backend needs multiples of 32; GPU engines default to 16).
@@ -51,6 +51,8 @@ class EmulatorConfig:
     replay_port: int | None = None
     kv_topic: str = ""
     replay_buffer_steps: int = 10_000
+    cost: CostModel | None = None
+    """A measured cost model (``conductor emulate --cost-file``) in place of ``preset``."""
 
     def __post_init__(self) -> None:
         if not self.model_name.strip():

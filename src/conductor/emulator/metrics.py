@@ -45,6 +45,13 @@ def render(
     )
     family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 = 100%.", pool.usage)
     family(
+        "vllm:cache_config_info",
+        "gauge",
+        "Information of the KV cache configuration.",
+        1.0,
+        f',block_size="{core.block_size}",num_gpu_blocks="{pool.capacity}"',
+    )
+    family(
         "vllm:prefix_cache_queries_total",
         "counter",
         "Prefix cache queries, in queried tokens.",

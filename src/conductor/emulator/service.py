@@ -25,7 +25,7 @@ class Emulator:
     def __init__(self, config: EmulatorConfig, tokenizer: Tokenizer | None = None) -> None:
         self.config = config
         self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
-        self.cost = preset(config.preset)
+        self.cost = config.cost if config.cost is not None else preset(config.preset)
         self.core = EngineCore(
             self.cost,
             block_size_tokens=config.block_size_tokens,

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
+import re
 from collections.abc import Callable
 
 from conductor.core.events import PrefillFinished, RequestFinished
@@ -24,6 +26,42 @@ from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId, RequestId
 from conductor.gateway.metrics import GatewayMetrics
+
+_USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+def completion_tokens(body: bytes) -> int | None:
+    """``usage.completion_tokens`` of an OpenAI JSON answer (None when absent)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    usage = data.get("usage") if isinstance(data, dict) else None
+    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
+class StreamTokens:
+    """Counts the generated tokens of an SSE stream as it passes: the ``usage`` chunk's
+    ``completion_tokens`` when the engine sends one (``stream_options.include_usage``),
+    else one token per ``data:`` event that is not ``[DONE]`` (vLLM sends one per token,
+    so this is a lower bound when it merges some)."""
+
+    __slots__ = ("events", "usage")
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.usage: int | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        self.events += chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+        m = _USAGE.search(chunk) if b"completion_tokens" in chunk else None
+        if m is not None:
+            self.usage = int(m.group(1))
+
+    @property
+    def tokens(self) -> int:
+        return self.usage if self.usage is not None else self.events
 
 
 class Outcome(enum.Enum):
@@ -65,6 +103,8 @@ class Flight:
         self.prefill_done = False
         self.first_token_seen = False
         self.outcome: Outcome | None = None
+        self.output_tokens: int | None = None
+        """The tokens the engine generated, once known (``RequestFinished`` carries it)."""
         self._timer: asyncio.TimerHandle | None = None
 
     @property
@@ -142,7 +182,9 @@ class Flight:
         if outcome is Outcome.COMPLETED:
             self._end_prefill()
             if self._same(self.decode, self._decode_state):
-                self.conductor.on_event(RequestFinished(self.request_id, self.decode, self.clock()))
+                self.conductor.on_event(
+                    RequestFinished(self.request_id, self.decode, self.clock(), self.output_tokens)
+                )
             else:
                 self.conductor.cancel(self.request_id)
         else:

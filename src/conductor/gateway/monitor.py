@@ -4,16 +4,20 @@ Each round probes every engine at once through its kind
 (:meth:`~conductor.gateway.engines.kind.EngineKind.probe_health`,
 :meth:`~conductor.gateway.engines.kind.EngineKind.read_load`). A failed health probe takes the
 engine out of scheduling, a passed one brings it back; the polled load is kept in the engine's
-handle (``handle.load``) and exported in ``/metrics`` and the admin API.
+handle (``handle.load``), exported in ``/metrics`` and the admin API, and fed to the scheduler
+as an ``EngineLoad`` event (its load estimate takes it in: ``conductor.core.correction``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable
 
 import httpx
 
+from conductor.core.events import EngineLoad
 from conductor.gateway.config import MonitorConfig
 from conductor.gateway.engines.handle import EngineHandle
 from conductor.gateway.kv_pump import KvPump
@@ -36,8 +40,10 @@ class Monitor:
         kv: KvPump,
         config: MonitorConfig,
         metrics: GatewayMetrics,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.engines = engines
+        self.clock = clock
         self.kv = kv
         self.config = config
         self.metrics = metrics
@@ -84,4 +90,8 @@ class Monitor:
         if not self.engines.current(handle):
             return
         handle.load = load
+        report = EngineLoad(
+            handle.engine_id, load.running, load.waiting, load.kv_usage, self.clock()
+        )
+        self.engines.conductor.on_event(report)
         self.metrics.load_polls.labels(handle.engine_id, "ok").inc()

@@ -17,7 +17,7 @@ import httpx
 
 from conductor.gateway import json_codec
 from conductor.gateway.errors import UpstreamError, UpstreamTimeout
-from conductor.gateway.flight import Flight, Outcome
+from conductor.gateway.flight import Flight, Outcome, StreamTokens
 from conductor.gateway.upstream import Upstream, UpstreamResponse
 from conductor.web.errors import error_body
 from conductor.web.messages import Response, StreamResponse
@@ -158,9 +158,12 @@ async def relay(
     loop = asyncio.get_running_loop()
     at_boundary = True
     error: bytes | None = None
+    counted = StreamTokens()
     try:
         async for chunk in resp.chunks(deadline):
             if chunk:
+                counted.feed(chunk)
+                flight.output_tokens = counted.tokens
                 at_boundary = chunk.endswith(b"\n\n")
                 if flight.first_token_seen:
                     yield chunk

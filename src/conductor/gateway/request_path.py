@@ -31,7 +31,7 @@ from conductor.gateway.errors import (
     Overloaded,
     UpstreamTimeout,
 )
-from conductor.gateway.flight import Flight, Mode, Outcome
+from conductor.gateway.flight import Flight, Mode, Outcome, completion_tokens
 from conductor.gateway.membership import EngineSet
 from conductor.gateway.metrics import GatewayMetrics
 from conductor.gateway.openai_api import (
@@ -102,10 +102,12 @@ class RequestPath:
             return prompt_token_ids(self.tokenizer, req)
         return await asyncio.to_thread(prompt_token_ids, self.tokenizer, req)
 
-    def output_budget(self, req: ParsedRequest, prompt_tokens: int) -> int:
-        """Checks lengths against ``max_model_len`` (vLLM's rules) and returns the output
-        tokens to reserve: ``max_tokens`` (default: 16 for completions, the rest of the
-        context for chat) times ``n``."""
+    def output_budget(self, req: ParsedRequest, prompt_tokens: int) -> int | None:
+        """Checks lengths against ``max_model_len`` (vLLM's rules) and returns the request's
+        ``max_tokens`` for the scheduler: the client's (default: 16 for completions, none
+        for chat — the scheduler then caps at the rest of the context) times ``n``. What the
+        request will really generate is the scheduler's prediction
+        (:mod:`conductor.core.output_length`), learnt from the completions it sees."""
         limit = self.config.max_model_len
         param = "prompt" if req.kind == "completion" else "messages"
         if prompt_tokens == 0:
@@ -126,9 +128,9 @@ class RequestPath:
                 param="max_tokens",
             )
         per_choice = req.max_tokens
-        if per_choice is None:
-            per_choice = COMPLETION_DEFAULT_MAX_TOKENS if req.kind == "completion" else room
-        return min(per_choice, room) * req.n
+        if per_choice is None and req.kind == "completion":
+            per_choice = COMPLETION_DEFAULT_MAX_TOKENS
+        return None if per_choice is None else min(per_choice, room) * req.n
 
     async def generate(self, kind: Kind, raw_body: bytes) -> AnyResponse:
         """One OpenAI request, start to finish; raises :class:`GatewayError` for the client."""
@@ -136,7 +138,7 @@ class RequestPath:
         if req.model != self.config.model_name:
             raise NotFound(f"The model `{req.model}` does not exist.", param="model")
         token_ids = await self.tokenize(req)
-        output_tokens = self.output_budget(req, len(token_ids))
+        max_tokens = self.output_budget(req, len(token_ids))
         hashes = tuple(
             request_block_hashes(token_ids, self.config.block_size_tokens, req.cache_salt)
         )
@@ -147,7 +149,7 @@ class RequestPath:
         for attempt in range(attempts):
             rid = RequestId(base_id if attempt == 0 else f"{base_id}-retry{attempt}")
             now = self.clock()
-            request = Request(rid, len(token_ids), hashes, output_tokens, arrival_s=now)
+            request = Request(rid, len(token_ids), hashes, max_tokens, arrival_s=now)
             try:
                 plan = self._schedule(request, now)
             except NoEngine as exc:
@@ -326,6 +328,7 @@ class RequestPath:
         if flight.mode is Mode.AGGREGATED:
             flight.assume_prefill_end(asyncio.get_running_loop())
         content = await read_body(resp, flight, deadline=deadline)
+        flight.output_tokens = completion_tokens(content)
         flight.close(Outcome.COMPLETED)
         media = resp.headers.get("content-type", "application/json")
         return Response(content, 200, headers, media)

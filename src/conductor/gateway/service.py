@@ -74,7 +74,7 @@ class Gateway:
         self.members = EngineSet(config, conductor, self.metrics)
         self.metrics.attach_state(self.members.snapshot, conductor.inflight)
         self.kv = KvPump(self.members, conductor, self.metrics, wall_clock)
-        self.monitor = Monitor(self.members, self.kv, config.monitor, self.metrics)
+        self.monitor = Monitor(self.members, self.kv, config.monitor, self.metrics, clock)
         self.requests = RequestPath(config, conductor, tokenizer, self.members, self.metrics, clock)
         self._transport = transport
         self._zmq_given = zmq_context
@@ -189,7 +189,7 @@ class Gateway:
     async def tokenize(self, req: ParsedRequest) -> list[int]:
         return await self.requests.tokenize(req)
 
-    def output_budget(self, req: ParsedRequest, prompt_tokens: int) -> int:
+    def output_budget(self, req: ParsedRequest, prompt_tokens: int) -> int | None:
         return self.requests.output_budget(req, prompt_tokens)
 
     async def generate(self, kind: Kind, raw_body: bytes) -> AnyResponse:

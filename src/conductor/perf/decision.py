@@ -196,7 +196,6 @@ def trace_requests(rows: Sequence[TraceRecord], count: int) -> list[Request]:
                 RequestId(f"r{i}"),
                 max(1, row.input_length),
                 _hashes(row),
-                output_tokens=row.output_length,
                 arrival_s=lap * span_s + row.timestamp_ms / 1e3,
             )
         )
@@ -245,7 +244,12 @@ def run_decision_bench(
     try:
         ingest_s = ingest(conductor, events)
         samples_ns, plans, fetches = _time_schedule(
-            conductor, all_reqs, warmup, finish_every, max(1, inflight_per_decode * n_decode)
+            conductor,
+            all_reqs,
+            [trace[i % len(trace)].output_length for i in range(len(all_reqs))],
+            warmup,
+            finish_every,
+            max(1, inflight_per_decode * n_decode),
         )
     finally:
         gc.unfreeze()
@@ -309,17 +313,19 @@ def run_repeated(
 def _time_schedule(
     conductor: Scheduler,
     reqs: Sequence[Request],
+    outputs: Sequence[int],
     warmup: int,
     finish_every: int,
     max_inflight: int,
 ) -> tuple[list[int], int, int]:
-    """Schedule ``reqs`` in order, timing each ``schedule()``; returns, for the calls after
-    the first ``warmup``: ns per call, plans, plans with a remote fetch."""
+    """Schedule ``reqs`` in order, timing each ``schedule()``; request ``i`` finishes
+    (untimed) after ``outputs[i]`` tokens. Returns, for the calls after the first
+    ``warmup``: ns per call, plans, plans with a remote fetch."""
     schedule = conductor.schedule
     on_event = conductor.on_event
     clock = time.perf_counter_ns
     samples: list[int] = []
-    inflight: deque[Plan] = deque()
+    inflight: deque[tuple[Plan, int]] = deque()
     plans = fetches = 0
     for i, req in enumerate(reqs):
         now = req.arrival_s
@@ -327,7 +333,7 @@ def _time_schedule(
         decision = schedule(req, now)
         t1 = clock()
         if isinstance(decision, Plan):
-            inflight.append(decision)
+            inflight.append((decision, outputs[i]))
         if i >= warmup:
             samples.append(t1 - t0)
             if isinstance(decision, Plan):
@@ -335,9 +341,9 @@ def _time_schedule(
                 fetches += decision.fetch is not None
         if (i + 1) % finish_every == 0:
             while len(inflight) > max_inflight:
-                p = inflight.popleft()
+                p, out = inflight.popleft()
                 on_event(PrefillFinished(p.request_id, p.prefill, now))
-                on_event(RequestFinished(p.request_id, p.decode, now))
+                on_event(RequestFinished(p.request_id, p.decode, now, out))
     return samples, plans, fetches
 
 

@@ -34,18 +34,20 @@ def find_capacity(
     requests: Sequence[Request],
     cfg: SimConfig,
     *,
+    outputs: Sequence[int] | None = None,
     target: float = 0.9,
     bisect_steps: int = 4,
     max_speed: float = 16.0,
     min_speed: float = 1 / 16,
     on_run: Callable[[float, float], None] | None = None,
 ) -> CapacityPoint:
-    """Largest speed with attainment >= ``target`` for ``cfg`` (its SLOs and policy)."""
+    """Largest speed with attainment >= ``target`` for ``cfg`` (its SLOs and policy);
+    ``outputs``: what each request generates (see :func:`~conductor.sim.simulator.simulate`)."""
     cache: dict[float, float] = {}
 
     def attainment(speed: float) -> float:
         if speed not in cache:
-            res = simulate(scale_arrivals(requests, speed), cfg)
+            res = simulate(scale_arrivals(requests, speed), cfg, outputs=outputs)
             cache[speed] = res.slo_attainment
             if on_run is not None:
                 on_run(speed, cache[speed])

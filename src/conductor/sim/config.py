@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from conductor.core.checks import check_at_least
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, CostModel, preset
+from conductor.core.errors import InvalidInput
 from conductor.core.policies import DEFAULT_POLICY, check_policy
 
 CACHE_CAPACITY_TOKENS = 3_000_000
@@ -23,6 +24,11 @@ class SimConfig:
     ``kv_event_delay_s``: how late the scheduler sees KV events (stale state).
     ``prefill_noise``: relative std-dev of a seeded log-normal error between the cost model's
     prediction and the simulated execution (0 = exact).
+    ``oracle_lengths``: the ablation that hands the scheduler every request's true output
+    length (default: it predicts them, :mod:`conductor.core.output_length`).
+    ``cost_error`` (sigma) and ``cost_bias`` (B): the engines deviate from the scheduler's cost
+    model, each job by a mean-preserving lognormal factor and all by ``1 + B``
+    (:mod:`conductor.sim.perturb`; ``cost_bias = 0.3`` = engines 30% slower).
     ``load_sample_every_s``: sample prefill/decode load this often (0 = never).
     ``replica_sample_every_s``: sample how many prefill caches hold the blocks ranked
     ``replica_ranks`` by use in the whole trace (FAST Fig. 11; 0 = never).
@@ -39,7 +45,10 @@ class SimConfig:
     cache_capacity_tokens: int | None = CACHE_CAPACITY_TOKENS
     kv_event_delay_s: float = 0.0
     prefill_noise: float = 0.0
+    cost_error: float = 0.0
+    cost_bias: float = 0.0
     seed: int = 0
+    oracle_lengths: bool = False
     load_sample_every_s: float = 0.0
     replica_sample_every_s: float = 0.0
     replica_ranks: tuple[int, ...] = (10, 100, 1000)
@@ -55,6 +64,9 @@ class SimConfig:
             check_at_least("cache_capacity_tokens", self.cache_capacity_tokens, 0)
         check_at_least("kv_event_delay_s", self.kv_event_delay_s, 0)
         check_at_least("prefill_noise", self.prefill_noise, 0)
+        check_at_least("cost_error", self.cost_error, 0)
+        if not self.cost_bias > -1:
+            raise InvalidInput("cost_bias", self.cost_bias, "must be > -1 (engines 1 + B times)")
         check_at_least("replicas", self.replicas, 1)
         check_at_least("sync_delay_s", self.sync_delay_s, 0)
 

@@ -12,14 +12,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from conductor.core.events import RequestFinished
+from conductor.core.events import DecodeStepsObserved, RequestFinished
 from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceSpec
 from conductor.core.types import InstanceId, Request, Role
 from conductor.sim.config import SimConfig
 from conductor.sim.events import DecodeStep, EventQueue
 from conductor.sim.nodes import DecodeNode
+from conductor.sim.perturb import EngineCost
 from conductor.sim.records import RequestRecord, tail_mean_tbt
+
+REPORT_EVERY_STEPS = 32
+"""A decode node reports its iteration statistics (``DecodeStepsObserved``) this often."""
 
 
 class DecodeSide:
@@ -39,7 +43,12 @@ class DecodeSide:
         records: list[RequestRecord],
         events: EventQueue,
     ) -> None:
-        self.step_s = cfg.cost.decode.step_s  # = CostModel.decode_step_s, one call less per step
+        self.engine_cost = EngineCost.of(cfg)  # the engines' own timing (perturbed model)
+        self.step_s = cfg.cost.decode.step_s  # the nominal step, used when the engines are exact
+        self.job_factor: dict[int, float] = {}  # request index -> its engine factor
+        self.factor_sum: dict[InstanceId, float] = {}  # per node: its batch's factors summed
+        # per node: [iterations, busy seconds, batch sum, context sum] since its last report
+        self.window: dict[InstanceId, list[float]] = {}
         self.scheduler = scheduler
         self.requests = requests
         self.records = records
@@ -53,6 +62,8 @@ class DecodeSide:
             node = DecodeNode(iid, cfg.cost.kv_capacity_tokens, cfg.cost.max_batch_size)
             self.nodes[iid] = node
             self.steps[iid] = DecodeStep(node)
+            self.factor_sum[iid] = 0.0
+            self.window[iid] = [0, 0.0, 0, 0]
 
     def on_join(self, t: float, decode: InstanceId, i: int) -> None:
         node = self.nodes[decode]
@@ -61,7 +72,9 @@ class DecodeSide:
         if rec.output_tokens <= 1:
             rec.finish_s = t
             rec.tbt_s = 0.0
-            self.scheduler.on_event(RequestFinished(self.requests[i].request_id, node.iid, t))
+            self.scheduler.on_event(
+                RequestFinished(self.requests[i].request_id, node.iid, t, rec.output_tokens)
+            )
             return
         node.waiting.append(i)
         if not node.stepping:
@@ -71,6 +84,7 @@ class DecodeSide:
         """Admit what fits from ``node``'s waiting line and start its next iteration, whose
         end is ``step`` (the node's one step event)."""
         waiting = node.waiting
+        exact = self.engine_cost.exact
         while waiting:
             i = waiting[0]
             rec = self.records[i]
@@ -86,11 +100,30 @@ class DecodeSide:
             node.batch += 1
             node.kv_used += need
             node.context_tokens += rec.prompt_tokens + 1
+            if not exact:
+                f = self.engine_cost.job_factor(self.requests[i].request_id)
+                self.job_factor[i] = f
+                self.factor_sum[node.iid] += f
         if node.batch == 0:
             node.stepping = False
             return
         node.stepping = True
-        self.push(t + self.step_s(node.batch, node.context_tokens), step)
+        if exact:
+            d = self.step_s(node.batch, node.context_tokens)
+        else:
+            fsum = self.factor_sum[node.iid]
+            d = self.engine_cost.decode_step_s(node.batch, node.context_tokens, fsum)
+        w = self.window[node.iid]
+        w[0] += 1
+        w[1] += d
+        w[2] += node.batch
+        w[3] += node.context_tokens
+        if w[0] >= REPORT_EVERY_STEPS:
+            n, busy, b, c = w
+            w[:] = [0, 0.0, 0, 0]
+            obs = DecodeStepsObserved(node.iid, int(n), busy, int(b), int(c), t)
+            self.scheduler.on_event(obs)
+        self.push(t + d, step)
 
     def on_step_end(self, t: float, step: DecodeStep) -> None:
         node = step.node
@@ -105,7 +138,12 @@ class DecodeSide:
             node.batch -= 1
             node.kv_used -= rec.prompt_tokens + rec.output_tokens
             node.context_tokens -= rec.prompt_tokens + rec.output_tokens
-            self.scheduler.on_event(RequestFinished(self.requests[i].request_id, node.iid, t))
+            f = self.job_factor.pop(i, None)
+            if f is not None:
+                self.factor_sum[node.iid] -= f
+            self.scheduler.on_event(
+                RequestFinished(self.requests[i].request_id, node.iid, t, rec.output_tokens)
+            )
         self.start_step(t, node, step)
 
     def finish_tbt(self) -> None:

@@ -10,7 +10,6 @@ import math
 import random
 from collections.abc import Sequence
 
-from conductor.core.chunked_pipeline import pipelined_prefill_s
 from conductor.core.events import BlocksRemoved, BlocksStored, Event, PrefillFinished
 from conductor.core.plan import Plan, Rejection
 from conductor.core.scheduler import Scheduler
@@ -27,6 +26,7 @@ from conductor.sim.events import (
     PrefillDone,
 )
 from conductor.sim.nodes import CppGroup, Job, PrefillNode
+from conductor.sim.perturb import EngineCost
 from conductor.sim.records import RequestRecord
 
 
@@ -48,6 +48,7 @@ class PrefillSide:
     ) -> None:
         self.cfg = cfg
         self.cost = cfg.cost
+        self.engine_cost = EngineCost.of(cfg)  # the engines' own timing (perturbed model)
         self.block = cfg.scheduler.block_size_tokens
         self.scheduler = scheduler
         self.requests = requests
@@ -140,8 +141,13 @@ class PrefillSide:
         req = job.request
         nodes = plan.cpp.nodes
         bw = self.cost.transfer_bytes_per_s
-        compute = pipelined_prefill_s(
-            self.cost, req.prompt_tokens, plan.cached_tokens, plan.cpp.chunk_tokens, len(nodes), bw
+        compute = self.engine_cost.pipelined_prefill_s(
+            req.request_id,
+            req.prompt_tokens,
+            plan.cached_tokens,
+            plan.cpp.chunk_tokens,
+            len(nodes),
+            bw,
         )
         job.group = CppGroup(len(nodes), compute)
         self.records[job.index].cpp_nodes = len(nodes)
@@ -182,7 +188,7 @@ class PrefillSide:
         if job.group is not None:
             compute = job.group.compute_s
         else:
-            compute = self.cost.prefill_s(req.prompt_tokens, cached)
+            compute = self.engine_cost.prefill_s(req.request_id, req.prompt_tokens, cached)
             if self.cfg.prefill_noise > 0:
                 compute *= math.exp(self.rng.gauss(0.0, self.cfg.prefill_noise))
         job.compute_s = compute
@@ -195,7 +201,12 @@ class PrefillSide:
         node.busy = False
         req = job.request
         rec = self.records[job.index]
-        self.scheduler.on_event(PrefillFinished(req.request_id, node.iid, t))
+        if job.group is None:  # the engine reports its compute time and reused tokens
+            cached = rec.local_tokens + rec.fetched_tokens
+            done = PrefillFinished(req.request_id, node.iid, t, job.compute_s, cached)
+        else:
+            done = PrefillFinished(req.request_id, node.iid, t)
+        self.scheduler.on_event(done)
         lead = self.nodes[job.plan.prefill]  # with CPP, the lead keeps the KV blocks
         if job.group is not None:
             job.group.remaining -= 1

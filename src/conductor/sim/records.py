@@ -87,17 +87,22 @@ def summarize(
     duration_s: float,
 ) -> dict[str, object]:
     """The metrics of one run. Rejected requests count as failures in ``slo_attainment``
-    and ``goodput_rps``; ``goodput_rps`` = good requests / trace duration."""
+    and ``goodput_rps``; ``goodput_rps`` = good requests / trace duration;
+    ``goodput_tokens_per_s`` = prompt + output tokens of the good requests / trace duration;
+    ``rejected_by_prompt``: rejections per prompt-length band; ``prefill_compute_s``: the
+    instance-seconds of prefill compute spent (every CPP node's share included)."""
     completed = [r for r in records if r.completed]
     ttfts = [r.ttft_s for r in completed if r.ttft_s is not None]
     tbts = [r.tbt_s for r in completed if r.tbt_s is not None]
-    good = sum(
-        1
+    good_records = [
+        r
         for r in completed
         if r.ttft_s is not None
         and r.ttft_s <= ttft_slo_s
         and (r.tbt_s is None or r.tbt_s <= tbt_slo_s)
-    )
+    ]
+    good = len(good_records)
+    good_tokens = sum(r.prompt_tokens + r.output_tokens for r in good_records)
     prefilled = [r for r in records if r.prefill_end_s is not None]
     prompt = sum(r.prompt_tokens for r in prefilled)
     cached = sum(r.cached_tokens for r in prefilled)
@@ -114,6 +119,7 @@ def summarize(
         "tbt_ms": _pct(tbts, 1e3),
         "slo_attainment": round(good / n, 6) if n else 0.0,
         "goodput_rps": round(good / duration_s, 6) if duration_s > 0 else 0.0,
+        "goodput_tokens_per_s": round(good_tokens / duration_s, 3) if duration_s > 0 else 0.0,
         "cache_hit_rate": round(cached / prompt, 6) if prompt else 0.0,
         "fetched_tokens": sum(r.fetched_tokens for r in prefilled),
         "cpp_requests": sum(1 for r in prefilled if r.cpp_nodes > 1),
@@ -121,6 +127,10 @@ def summarize(
             name: _pct(
                 [r.ttft_s for r in completed if r.ttft_s is not None and lo < r.prompt_tokens <= hi]
             )
+            for name, lo, hi in PROMPT_BUCKETS
+        },
+        "rejected_by_prompt": {
+            name: sum(1 for r in records if r.rejected is not None and lo < r.prompt_tokens <= hi)
             for name, lo, hi in PROMPT_BUCKETS
         },
         "prefill_compute_s": round(sum(r.prefill_compute_s for r in records), 6),

@@ -26,6 +26,7 @@ from conductor.core.events import (
     PrefillFinished,
     RequestFinished,
 )
+from conductor.core.output_length import OutputLengthModel
 from conductor.core.plan import Decision, Rejection
 from conductor.core.replication import ReplicaScheduler, ReservationEvent
 from conductor.core.scheduler import Scheduler
@@ -36,10 +37,11 @@ from conductor.sim.config import SimConfig
 _Pending = deque[tuple[float, str, ReservationEvent]]
 
 
-def make_scheduler(cfg: SimConfig) -> Scheduler:
-    """One scheduler, or a :class:`ReplicaSet` when ``cfg.replicas > 1``."""
+def make_scheduler(cfg: SimConfig, lengths: OutputLengthModel | None = None) -> Scheduler:
+    """One scheduler, or a :class:`ReplicaSet` when ``cfg.replicas > 1`` (``lengths``: the
+    output-length model, shared by the replicas when given — the oracle is static)."""
     if cfg.replicas == 1:
-        return Scheduler(cfg.cost, policy=cfg.policy, config=cfg.scheduler)
+        return Scheduler(cfg.cost, policy=cfg.policy, config=cfg.scheduler, output_lengths=lengths)
     return ReplicaSet(
         cfg.cost,
         cfg.policy,
@@ -47,6 +49,7 @@ def make_scheduler(cfg: SimConfig) -> Scheduler:
         cfg.replicas,
         cfg.sync_delay_s,
         stagger=cfg.replica_stagger,
+        output_lengths=lengths,
     )
 
 
@@ -66,14 +69,16 @@ class ReplicaSet(ReplicaScheduler):
         replicas: int,
         delay_s: float,
         stagger: bool = True,
+        output_lengths: OutputLengthModel | None = None,
     ) -> None:
-        super().__init__(cost, policy=policy, config=config)
+        super().__init__(cost, policy=policy, config=config, output_lengths=output_lengths)
         self.peers: list[ReplicaScheduler] = [self] + [
             ReplicaScheduler(
                 cost,
                 policy=policy,
                 config=replace(config, seed=config.seed + k),
                 stagger=(k, replicas) if stagger else (0, 1),
+                output_lengths=output_lengths,
             )
             for k in range(1, replicas)
         ]

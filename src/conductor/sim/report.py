@@ -22,6 +22,8 @@ SUMMARY_KEYS = (
     "tbt_ms",
     "slo_attainment",
     "goodput_rps",
+    "goodput_tokens_per_s",
+    "rejected_by_prompt",
     "cache_hit_rate",
     "prefill_compute_s",
     "sim_wall_s",
@@ -40,6 +42,19 @@ def _f(v: object, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def row_label(s: dict[str, Any]) -> str:
+    """``policy (admission, cpp)``; a policy's own bundle is labelled as such."""
+    name = str(s["policy"])
+    if s.get("bundle"):
+        return f"{name} (own bundle: {s['admission']}{'+cpp' if s.get('cpp') else ''})"
+    parts = [str(s["admission"])] if s["admission"] != "off" else []
+    if s.get("cpp"):
+        parts.append("cpp")
+    if s.get("oracle_lengths"):
+        parts.append("oracle lengths")
+    return f"{name} ({', '.join(parts)})" if parts else name
+
+
 def table_rows(results: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     head = [
         "policy",
@@ -51,16 +66,17 @@ def table_rows(results: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[
         "p99",
         "SLO att.",
         "goodput r/s",
+        "tok/s",
         "rejected",
+        "rej. by prompt",
         "hit rate",
         "prefill s",
     ]
     rows = []
     for s in results:
         t, b = s["ttft_s"], s["tbt_ms"]
-        label = str(s["policy"])
-        if s["admission"] != "off":
-            label += f" ({s['admission']})"
+        label = row_label(s)
+        bands = s.get("rejected_by_prompt", {})
         rej = str(s["rejected"])
         if s["rejected_after_prefill"]:
             rej += f" ({s['rejected_after_prefill']} late)"
@@ -75,7 +91,9 @@ def table_rows(results: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[
                 _f(b["p99"], ".1f"),
                 _f(s["slo_attainment"], ".3f"),
                 _f(s["goodput_rps"], ".3f"),
+                _f(s.get("goodput_tokens_per_s"), ".0f"),
                 rej,
+                "/".join(str(v) for v in bands.values()) or "-",
                 _f(s["cache_hit_rate"], ".3f"),
                 _f(s["prefill_compute_s"], ".0f"),
             ]
@@ -119,11 +137,7 @@ def plot_comparison(
     ax2.set_xlabel("TBT, mean of longest 10% intervals (ms)")
     ax2.set_title("TBT CDF (dashed: SLO)")
     ax2.legend(fontsize=8)
-    names = [
-        str(r.summary["policy"])
-        + (f" ({r.summary['admission']})" if r.summary["admission"] != "off" else "")
-        for r in results
-    ]
+    names = [row_label(r.summary) for r in results]
     att = [r.slo_attainment for r in results]
     bars = ax3.bar(range(len(names)), att, color="tab:blue")
     ax3.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)

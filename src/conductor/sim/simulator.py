@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from conductor.core.scheduler import Scheduler
+from conductor.core.errors import InvalidInput
+from conductor.core.output_length import OracleLengths
+from conductor.core.scheduler import Scheduler, length_model
 from conductor.core.types import BlockHash, Request
 from conductor.sim.config import SimConfig
 from conductor.sim.decode import DecodeSide
@@ -70,13 +72,28 @@ class _Simulation:
     two sides it drives. Prefill instances are registered with the scheduler before decode
     instances; every event is handled at its time, in ``(time, seq)`` order."""
 
-    def __init__(self, requests: Sequence[Request], cfg: SimConfig) -> None:
+    def __init__(
+        self, requests: Sequence[Request], cfg: SimConfig, outputs: Sequence[int] | None
+    ) -> None:
         self.cfg = cfg
         self.requests = requests
-        self.scheduler: Scheduler = make_scheduler(cfg)
+        generated = list(outputs) if outputs is not None else [r.max_tokens or 1 for r in requests]
+        if len(generated) != len(requests):
+            raise InvalidInput(
+                "outputs", len(generated), f"must be one per request ({len(requests)})"
+            )
+        lengths = (
+            OracleLengths(
+                {r.request_id: n for r, n in zip(requests, generated, strict=True)},
+                length_model(cfg.scheduler),
+            )
+            if cfg.oracle_lengths
+            else None
+        )
+        self.scheduler: Scheduler = make_scheduler(cfg, lengths)
         self.records = [
-            RequestRecord(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens)
-            for r in requests
+            RequestRecord(r.request_id, r.arrival_s, r.prompt_tokens, n)
+            for r, n in zip(requests, generated, strict=True)
         ]
         self.events = EventQueue()
         self.load_samples: list[tuple[float, float, float]] = []
@@ -151,11 +168,17 @@ class _Simulation:
 
 
 def simulate(
-    requests: Sequence[Request], cfg: SimConfig, *, progress: Progress | None = None
+    requests: Sequence[Request],
+    cfg: SimConfig,
+    *,
+    outputs: Sequence[int] | None = None,
+    progress: Progress | None = None,
 ) -> SimResult:
-    """Replay ``requests`` (sorted by arrival) through a cluster built from ``cfg``."""
+    """Replay ``requests`` (sorted by arrival) through a cluster built from ``cfg``;
+    request ``i`` generates ``outputs[i]`` tokens (default: its ``max_tokens``, 1 without).
+    The scheduler never sees ``outputs`` unless ``cfg.oracle_lengths``."""
     t0 = time.perf_counter()
-    sim = _Simulation(requests, cfg)
+    sim = _Simulation(requests, cfg, outputs)
     sim.run(progress)
     sim.decode.finish_tbt()
     wall = time.perf_counter() - t0
@@ -164,6 +187,11 @@ def simulate(
     summary: dict[str, object] = {
         "policy": cfg.policy,
         "admission": sched.admission,
+        "cpp": sched.cpp_enabled,
+        "oracle_lengths": cfg.oracle_lengths,
+        "cost_error": cfg.cost_error,
+        "cost_bias": cfg.cost_bias,
+        "cost_correction": sched.cost_correction,
         **summarize(
             sim.records,
             ttft_slo_s=sched.ttft_slo_s,

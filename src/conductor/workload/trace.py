@@ -22,6 +22,7 @@ from typing import IO, NamedTuple, cast
 
 from conductor.core.errors import InvalidInput
 from conductor.core.types import BlockHash, Request, RequestId
+from conductor.workload.max_tokens import NO_MAX_TOKENS, MaxTokens
 from conductor.workload.trace_format import (
     DEFAULT_BLOCK_SIZE_TOKENS,
     TraceError,
@@ -36,6 +37,7 @@ __all__ = [
     "SkippedLine",
     "TraceReadResult",
     "bundled_trace_path",
+    "generated_tokens",
     "read_trace",
     "records_to_requests",
     "write_trace",
@@ -128,13 +130,16 @@ def records_to_requests(
     *,
     speed: float = 1.0,
     block_size_tokens: int = DEFAULT_BLOCK_SIZE_TOKENS,
+    max_tokens: MaxTokens = NO_MAX_TOKENS,
 ) -> list[Request]:
     """Turn trace records into scheduler requests, replayed ``speed`` times faster.
 
     Request ``i`` (in the given order) gets id ``r{i}``, ``arrival_s =
-    timestamp_ms / 1000 / speed``, the record's lengths, and its ``hash_ids`` as block
-    hashes. Raises :class:`InvalidInput` when ``speed`` is not a finite number > 0 or a
-    record's ``hash_ids`` do not cover ``ceil(input_length / block_size_tokens)`` blocks.
+    timestamp_ms / 1000 / speed``, the record's prompt length, ``max_tokens`` as
+    ``max_tokens`` says (the true output length is *not* in the request: see
+    :func:`generated_tokens`), and its ``hash_ids`` as block hashes.
+    Raises :class:`InvalidInput` when ``speed`` is not a finite number > 0 or a record's
+    ``hash_ids`` do not cover ``ceil(input_length / block_size_tokens)`` blocks.
     """
     if isinstance(speed, bool) or not isinstance(speed, int | float):
         raise InvalidInput("speed", speed, "must be a finite number > 0")
@@ -154,11 +159,19 @@ def records_to_requests(
                 prompt_tokens=record.input_length,
                 # BlockHash is a NewType of int: the ids are already the right values.
                 block_hashes=cast(tuple[BlockHash, ...], record.hash_ids),
-                output_tokens=record.output_length,
+                max_tokens=max_tokens.sent(record.output_length),
                 arrival_s=record.timestamp_ms / 1000 / speed,
             )
         )
     return requests
+
+
+def generated_tokens(
+    records: Iterable[TraceRecord], max_tokens: MaxTokens = NO_MAX_TOKENS
+) -> list[int]:
+    """What a simulated engine generates for each record (the trace's output length, capped
+    by ``cap:N``), in order: the simulator's ground truth, never shown to the scheduler."""
+    return [max_tokens.generated(r.output_length) for r in records]
 
 
 def write_trace(records: Iterable[TraceRecord], path: str | os.PathLike[str]) -> None:

@@ -16,6 +16,7 @@ from typing import ClassVar, Protocol
 
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel
+from conductor.core.output_length import UNKNOWN_OUTPUT, OutputEstimate
 from conductor.core.prefix_index import PrefixMatch
 from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId, Request
@@ -66,6 +67,9 @@ class SchedulingContext:
     config: SchedulerConfig
     rng: random.Random
     round_robin_counter: int
+    output: OutputEstimate = UNKNOWN_OUTPUT
+    """The request's predicted output (:mod:`conductor.core.output_length`), never its
+    true length."""
     _prefill_memo: dict[int, float] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )

@@ -1,11 +1,14 @@
 """Load-balancing decoding scheduling (Mooncake Algorithm 1, line 24).
 
 For every decode instance predict the step time it would have with this request added,
-``TBT = decode_step(B + 1, kv_reserved + prompt + output)`` — the context every request on it
-will have reached by its last token, because TBT (the mean of the longest 10% of a
+``TBT = decode_step(B + 1, kv_reserved + prompt + E[output])`` — the context every request on
+it is expected to reach by its last token (each reservation is prompt + predicted output,
+:class:`~conductor.core.state.DecodeState`), because TBT (the mean of the longest 10% of a
 request's intervals) is set by the late, long-context steps — times :func:`tbt_factor` for the
-long first interval, and pick the lowest among those whose
-KV room and batch limit admit the request. ``fits`` is False when none meets the TBT SLO or
+long first interval, and pick the lowest among those whose KV room (for the request's prompt
+and the high quantile of its predicted output) and batch limit admit the request.
+``E[output] = E[min(L, cap)]`` comes from the output-length predictor, never the true
+length. ``fits`` is False when none meets the TBT SLO or
 none has room (the best effort is still returned so admission can report it).
 """
 
@@ -18,7 +21,7 @@ from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId
 
 
-def tbt_factor(output_tokens: int) -> float:
+def tbt_factor(output_tokens: float) -> float:
     """TBT (FAST: mean of the longest 10% of a request's token intervals) in units of the
     decode step. The first interval is longer: the request waits for the running iteration
     to end (half a step on average) and then runs a full one, so with
@@ -29,16 +32,26 @@ def tbt_factor(output_tokens: int) -> float:
 
 def predicted_tbt_s(ctx: SchedulingContext, inst: InstanceState) -> float:
     d = inst.decode
-    req = ctx.request
+    out = ctx.output.mean
     step = ctx.cost.decode_step_s(
-        d.batch_size + 1, d.kv_reserved_tokens + req.prompt_tokens + req.output_tokens
+        d.batch_size + 1, int(d.kv_reserved_tokens + ctx.request.prompt_tokens + out)
     )
-    return step * tbt_factor(req.output_tokens)
+    return step * tbt_factor(out)
+
+
+def kv_capacity(ctx: SchedulingContext, inst: InstanceState) -> int:
+    cap = inst.spec.kv_capacity_tokens
+    return cap if cap is not None else ctx.cost.kv_capacity_tokens
+
+
+def max_batch(ctx: SchedulingContext, inst: InstanceState) -> int:
+    most = inst.spec.max_batch_size
+    return most if most is not None else ctx.cost.max_batch_size
 
 
 def has_room(ctx: SchedulingContext, inst: InstanceState) -> bool:
     d = inst.decode
-    need = ctx.request.prompt_tokens + ctx.request.output_tokens
+    need = ctx.request.prompt_tokens + ctx.output.high
     spec = inst.spec
     cap = (
         spec.kv_capacity_tokens
@@ -81,8 +94,10 @@ def least_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
     :func:`has_room` (same formulas) and builds only the returned choice object."""
     req = ctx.request
     slo = req.tbt_slo_s or ctx.config.tbt_slo_s
-    need = req.prompt_tokens + req.output_tokens
-    factor = tbt_factor(req.output_tokens)
+    out = ctx.output
+    need = int(req.prompt_tokens + out.mean)  # the context it adds
+    room_need = req.prompt_tokens + out.high  # the KV it must find
+    factor = tbt_factor(out.mean)
     cost = ctx.cost
     step_s = cost.decode_step_s
     default_kv = cost.kv_capacity_tokens
@@ -101,7 +116,7 @@ def least_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
         most = spec.max_batch_size
         if most is None:
             most = default_batch
-        room = d.kv_reserved_tokens + need <= kv and batch < most
+        room = d.kv_reserved_tokens + room_need <= kv and batch < most
         if room:
             tbt = step_s(batch + 1, d.kv_reserved_tokens + need) * factor
             if best is None or tbt < best_tbt:

@@ -25,8 +25,8 @@ commented out), ``preble_rebalance_after_requests`` R = 50 (Preble's
 ``sum(per_gpu_load) < 50`` warm-up guard).
 
 State: the policy object lives as long as its Scheduler and keeps, per instance id, the
-``(time, predicted prefill seconds)`` of the requests it routed, plus ``(time,
-output_tokens)`` of all of them, expiring entries older than ``now - W`` at each call (times
+``(time, predicted prefill seconds)`` of the requests it routed, plus ``(time, predicted
+output tokens)`` of all of them, expiring entries older than ``now - W`` at each call (times
 are assumed non-decreasing, as in the simulator and the gateway).
 
 Simplifications, honestly:
@@ -37,7 +37,7 @@ Simplifications, honestly:
   (``PrefillChoice.prefill_s``): the miss rate realised per request rather than estimated per
   node, and charged wholly to the instance that ran it.
 * *Decode.* Preble uses ``active requests × mean output length of the node × measured
-  TPOT``; we use the instance's decode batch, the mean ``output_tokens`` of the requests
+  TPOT``; we use the instance's decode batch, the mean predicted output of the requests
   routed in the window (this request's when none) and the cost model's predicted step time.
   A pure prefill instance of a disaggregated cluster has no decode batch, so its decode load
   is 0.
@@ -110,7 +110,7 @@ class PreblePolicy:
 
     def mean_output_tokens(self, ctx: SchedulingContext) -> float:
         n = len(self._outputs.entries)
-        return self._outputs.total / n if n else float(ctx.request.output_tokens)
+        return self._outputs.total / n if n else ctx.output.mean
 
     def load(self, ctx: SchedulingContext, inst: InstanceState) -> float:
         """Preble's load cost of ``inst`` (seconds); call after expiring the window."""
@@ -144,6 +144,6 @@ class PreblePolicy:
             pick = lightest
         choice = ctx.local_choice(pool[pick])
         self._prefill.setdefault(choice.instance, _Window()).add(ctx.now_s, choice.prefill_s)
-        self._outputs.add(ctx.now_s, float(ctx.request.output_tokens))
+        self._outputs.add(ctx.now_s, ctx.output.mean)
         self.routed += 1
         return choice

@@ -1,0 +1,1 @@
+"""``conductor profile``: time a live OpenAI-compatible engine and fit a cost model."""
