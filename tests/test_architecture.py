@@ -25,6 +25,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "web": frozenset({"core", "web"}),
     "hf": frozenset({"core", "hf"}),
     "workload": frozenset({"core", "workload"}),
+    "cluster": frozenset({"core", "cluster"}),
     "sim": frozenset({"core", "workload", "sim"}),
     "perf": frozenset({"core", "workload", "perf"}),
     "gateway": frozenset({"core", "wire", "web", "hf", "gateway"}),

@@ -29,7 +29,14 @@ from .drive import run_async
 from .measure import measure, warm_up
 from .paired import run_paired_async
 from .spec import RUN_OFFSET, LoadSpec, check_loopback
-from .usage import cache_delta, cpu_ms_per_request, cpu_s, engine_counters
+from .usage import (
+    cache_delta,
+    cpu_by_process,
+    cpu_ms_per_request,
+    cpu_s,
+    engine_counters,
+    group_pids,
+)
 
 DESCRIPTION = """\
 Load test: completions straight to an emulated engine vs through ``conductor serve``.
@@ -229,7 +236,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             wait_ready(gw, 120, paths=("/health", "/v1/models"))
             spec = spec_for(url, args, run=1)
             if args.paired:
-                before, cpu0, gw_cpu0 = engine_counters(eng), cpu_s(pids), cpu_s([gw.popen.pid])
+                before, cpu0, gw_cpu0 = (
+                    engine_counters(eng),
+                    cpu_s(pids),
+                    cpu_s(group_pids(gw.popen.pid)),
+                )
                 pair = run_async(run_paired_async(spec_for(eng[0]["url"], args), spec))
                 direct, through = report.summarize(pair[0]), report.summarize(pair[1])
                 direct["paired"] = through["paired"] = True
@@ -237,13 +248,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 report.print_row("direct", direct)
             else:
                 warm_up(spec, args)
-                before, cpu0, gw_cpu0 = engine_counters(eng), cpu_s(pids), cpu_s([gw.popen.pid])
+                by0 = cpu_by_process(group_pids(gw.popen.pid))
+                before, cpu0, gw_cpu0 = (
+                    engine_counters(eng),
+                    cpu_s(pids),
+                    cpu_s(group_pids(gw.popen.pid)),
+                )
                 through = measure(spec, args)
+                by1 = cpu_by_process(group_pids(gw.popen.pid))
+                through["gateway_cpu_ms_per_request_by_process"] = {
+                    k: cpu_ms_per_request(by0[k], v, through["ok"])
+                    for k, v in by1.items()
+                    if k in by0
+                }
             through["engines"] = cache_delta(before, engine_counters(eng))
             served = through["ok"] + (direct["ok"] if args.paired else 0)
             through["engines"]["cpu_ms_per_request"] = cpu_ms_per_request(cpu0, cpu_s(pids), served)
             through["gateway_cpu_ms_per_request"] = cpu_ms_per_request(
-                gw_cpu0, cpu_s([gw.popen.pid]), through["ok"]
+                gw_cpu0, cpu_s(group_pids(gw.popen.pid)), through["ok"]
             )
         finally:
             stop(gw)

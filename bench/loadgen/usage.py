@@ -42,6 +42,39 @@ def cpu_s(pids: Sequence[int]) -> float | None:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def group_pids(pgid: int) -> list[int]:
+    """Every process in process group ``pgid`` (a gateway and its ``--workers`` children,
+    and the nats-server it embeds; Linux ``/proc``)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            out.append(int(stat.parent.name))
+    return out or [pgid]
+
+
+def cpu_by_process(pids: Sequence[int]) -> dict[str, float]:
+    """CPU seconds per process, keyed ``<pid> <what it runs>`` (for a breakdown)."""
+    out: dict[str, float] = {}
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [w.decode(errors="replace") for w in cmd if w]
+        what = next((w for w in words if "nats-server" in w or w.startswith("from multi")), "")
+        what = "nats-server" if "nats-server" in what else ("multiprocessing" if what else "")
+        if not what:
+            what = "conductor " + " ".join(w for w in words if w in ("serve", "-c"))[:40]
+        t = cpu_s([pid])
+        if t is not None:
+            out[f"{pid} {what.strip()}"] = t
+    return out
+
+
 def cpu_ms_per_request(before: float | None, after: float | None, ok: int) -> float | None:
     if before is None or after is None or ok == 0:
         return None

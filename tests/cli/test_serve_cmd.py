@@ -267,3 +267,38 @@ def test_cost_file_from_toml_and_its_errors(model_dir: Path, tmp_path: Path) -> 
     assert err.startswith(f"error: invalid --cost-file='{bad}': invalid decode.form='cubic'")
     code, _, err = check(*base, "--cost-file", str(tmp_path / "none.toml"))
     assert code == 2 and "cannot read: No such file or directory" in err
+
+
+def test_cluster_options_and_toml_keys(model_dir: Path, tmp_path: Path) -> None:
+    code, out, err = check(
+        "--model-path", str(model_dir), "--block-size", "32", "--engine", ENGINE,
+        "--cluster", "nats://10.0.0.9:4222", "--replica-id", "gw-a",
+    )  # fmt: skip
+    assert code == 0, err
+    cfg = json.loads(out)
+    assert (cfg["cluster"], cfg["replica_id"], cfg["workers"]) == (
+        "nats://10.0.0.9:4222",
+        "gw-a",
+        1,
+    )
+    toml = tmp_path / "c.toml"
+    toml.write_text(
+        f'[gateway]\nmodel_path = "{model_dir}"\nblock_size = 32\ncluster = "nats://h:1"\n'
+        "workers = 3\ncluster_expiry_s = 5.0\n"
+        f'[[engines]]\nurl = "http://127.0.0.1:8100"\nrole = "both"\nblock_size = 32\n'
+    )
+    s = build_settings({}, [], toml)
+    assert s.cluster is not None and s.cluster.url == "nats://h:1" and s.cluster.expiry_s == 5.0
+    assert s.cluster.replica_id == "" and s.workers == 3
+    assert build_settings({}, [], toml).cluster == s.cluster
+
+
+def test_bad_cluster_options_are_named(model_dir: Path) -> None:
+    base = ("--model-path", str(model_dir), "--block-size", "32", "--engine", ENGINE)
+    code, _, err = check(*base, "--cluster", "http://x:1")
+    assert code == 2
+    assert err.startswith("error: invalid --cluster='http://x:1': must be a nats:// URL")
+    code, _, err = check(*base, "--workers", "0")
+    assert code == 2 and "--workers" in err and "must be >= 1" in err
+    code, _, err = check(*base, "--cluster", "nats://x:1", "--replica-id", "a/b")
+    assert code == 2 and "--replica-id" in err

@@ -258,3 +258,11 @@ def test_cost_error_bias_and_correction_reach_the_simulation(tmp_path: Path) -> 
     assert slow == pytest.approx(1.5 * exact, rel=0.01)
     assert runs["noisy"]["prefill_compute_s"] != runs["exact"]["prefill_compute_s"]
     assert runs["slow"]["ttft_s"]["mean"] > runs["exact"]["ttft_s"]["mean"]
+
+
+def test_replica_options_are_named() -> None:
+    r = runner.invoke(app, ["simulate", "--replicas", "0"])
+    assert r.exit_code == 2 and r.stderr.startswith("error: invalid --replicas=0: must be >= 1")
+    r = runner.invoke(app, ["simulate", "--sync-delay-ms", "-1"])
+    assert r.exit_code == 2
+    assert r.stderr.startswith("error: invalid --sync-delay-ms=-1.0: must be >= 0")

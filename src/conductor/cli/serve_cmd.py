@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from conductor.cli import cluster_serve
 from conductor.cli.serve_config import DEFAULTS, ServeSettings, build_settings
 from conductor.core.costmodel import PRESETS
 from conductor.core.errors import ConductorError
 from conductor.core.policies import policy_names
 from conductor.core.policies.colocated import ColocatedDecode
+from conductor.core.replication import ReplicaScheduler
 from conductor.core.scheduler import Scheduler
 
 ADMIN_TOKEN_ENV = "CONDUCTOR_ADMIN_TOKEN"
@@ -30,13 +33,28 @@ log = logging.getLogger("conductor.serve")
 
 
 def build_conductor(settings: ServeSettings) -> Scheduler:
-    """The scheduler for the gateway: requests placed on a ``both`` engine decode there."""
-    conductor = Scheduler(settings.cost, policy=settings.policy, config=settings.scheduler)
+    """The scheduler for the gateway: requests placed on a ``both`` engine decode there; a
+    replica (sharing its reservations) with ``--cluster``."""
+    conductor: Scheduler
+    if settings.cluster is None:
+        conductor = Scheduler(settings.cost, policy=settings.policy, config=settings.scheduler)
+    else:
+        conductor = ReplicaScheduler(
+            settings.cost,
+            policy=settings.policy,
+            config=settings.scheduler,
+            stagger=cluster_serve.stagger(settings.cluster.replica_id),
+        )
     conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
     return conductor
 
 
-def run_server(settings: ServeSettings) -> None:
+def run_server(settings: ServeSettings, reuse_port: bool = False) -> None:
+    """Serve until SIGINT/SIGTERM (``--workers N``: supervise N of these, see
+    :mod:`conductor.cli.cluster_serve`)."""
+    if settings.workers > 1:
+        cluster_serve.run_workers(settings, run_server)
+        return
     from conductor.gateway import app
     from conductor.gateway.service import Gateway
     from conductor.hf.tokenizer import HfTokenizer
@@ -47,8 +65,20 @@ def run_server(settings: ServeSettings) -> None:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call
     tokenizer = HfTokenizer.load(settings.model_path)
-    gateway = Gateway(settings.gateway, build_conductor(settings), tokenizer)
+    if settings.cluster is not None:
+        settings = replace(settings, cluster=cluster_serve.replica_id(settings.cluster))
+    conductor = build_conductor(settings)
+    gateway = Gateway(settings.gateway, conductor, tokenizer)
     host, port = settings.gateway.host, settings.gateway.port
+    lifespan = app.lifespan(gateway)
+    if settings.cluster is not None:
+        assert isinstance(conductor, ReplicaScheduler)
+        cluster = settings.cluster
+        log.info("conductor serve: replica %s of %s", cluster.replica_id, cluster.url)
+        lifespan = cluster_serve.with_sync(
+            lifespan, cluster, conductor, gateway.metrics.registry, gateway.clock
+        )
+    sock = cluster_serve.reuse_port_socket(host, port) if reuse_port else None
 
     def ready(server: object) -> None:
         log.info("conductor serve: listening on http://%s:%d", host, port)
@@ -58,9 +88,10 @@ def run_server(settings: ServeSettings) -> None:
             app.server(gateway),
             host=host,
             port=port,
-            lifespan=app.lifespan(gateway),
+            lifespan=lifespan,
             grace_s=SHUTDOWN_GRACE_S,
             on_ready=ready,
+            sock=sock,
         )
 
     run(main)
@@ -222,6 +253,22 @@ def register(app: typer.Typer) -> None:
                 "syntax; repeatable (docs/gateway.md lists the keys)",
             ),
         ] = None,
+        cluster: Annotated[
+            str | None,
+            typer.Option("--cluster", help="nats://HOST:PORT: sync with the other replicas there"),
+        ] = None,
+        replica_id: Annotated[
+            str | None,
+            typer.Option("--replica-id", help="this replica's name [<hostname>-<pid>]"),
+        ] = None,
+        workers: Annotated[
+            int | None,
+            typer.Option(
+                "--workers",
+                help="gateway processes on one port (SO_REUSEPORT), synced like replicas "
+                f"(a local nats-server without --cluster) [{_default('workers')}]",
+            ),
+        ] = None,
         check: Annotated[
             bool, typer.Option("--check", help="print the resolved configuration and exit")
         ] = False,
@@ -254,6 +301,9 @@ def register(app: typer.Typer) -> None:
             "seed": seed,
             "log_level": log_level,
             "max_connections": max_connections,
+            "cluster": cluster,
+            "replica_id": replica_id,
+            "workers": workers,
         }
         try:
             settings = build_settings(cli, list(engine or []), config, list(set_ or []))

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from conductor.cli.cost_source import read_cost_file
 from conductor.cli.fields import renamed
+from conductor.cli.serve_engines import _engines, parse_engine_spec
 from conductor.cli.serve_keys import (
     DEFAULTS,
     FIELD_KEYS,
@@ -33,18 +34,17 @@ from conductor.cli.serve_keys import (
     ServeOptions,
     parse_set,
 )
+from conductor.cluster.config import ClusterConfig
 from conductor.core.checks import check_positive
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel, preset
 from conductor.core.errors import InvalidInput
 from conductor.core.policies import policy_config_defaults
 from conductor.gateway.config import (
-    EngineConfig,
     GatewayConfig,
     MonitorConfig,
     RequestLimits,
     UpstreamConfig,
-    engine_from_mapping,
 )
 from conductor.gateway.costs import with_overrides
 from conductor.gateway.tokenizer import read_max_model_len
@@ -61,6 +61,9 @@ class ServeSettings:
     policy: str
     model_path: Path
     log_level: str
+    cluster: ClusterConfig | None = None
+    workers: int = 1
+    replica_id: str = ""  # also without a cluster URL: --workers names its workers after it
 
     def describe(self) -> dict[str, object]:
         g = self.gateway
@@ -82,6 +85,9 @@ class ServeSettings:
                 "max_body_bytes": g.max_body_bytes,
             },
             "engines": [e.to_json() for e in g.engines],
+            "cluster": None if self.cluster is None else self.cluster.url,
+            "replica_id": None if self.cluster is None else self.cluster.replica_id,
+            "workers": self.workers,
         }
 
 
@@ -108,24 +114,6 @@ def load_toml(path: Path) -> tuple[dict[str, object], list[Mapping[str, object]]
     if not isinstance(engines, list) or not all(isinstance(e, dict) for e in engines):
         raise InvalidInput("engines", engines, "must be an array of tables ([[engines]])")
     return dict(gateway), list(engines)
-
-
-def parse_engine_spec(spec: str) -> dict[str, object]:
-    """``URL,key=value,...`` (the URL may also be given as ``url=...``) -> key/value pairs."""
-    values: dict[str, object] = {}
-    for i, part in enumerate(p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        key, sep, value = part.partition("=")
-        if not sep:
-            if i != 0:
-                raise InvalidInput("engine", spec, f"{part!r} is not key=value")
-            key, value = "url", part
-        key = key.strip()
-        if key in values:
-            raise InvalidInput("engine", spec, f"{key!r} given twice")
-        values[key] = value.strip()
-    return values
 
 
 class _Values:
@@ -245,27 +233,6 @@ def build_settings(
         raise v.renamed(exc) from None
 
 
-def _engines(
-    block_size: int, toml_engines: list[Mapping[str, object]], engine_specs: list[str]
-) -> tuple[EngineConfig, ...]:
-    engines: list[EngineConfig] = []
-    for i, values in enumerate(toml_engines):
-        engines.append(
-            engine_from_mapping(values, default_block_size=block_size, where=f"engines[{i}]")
-        )
-    for j, spec in enumerate(engine_specs):
-        engines.append(
-            engine_from_mapping(
-                parse_engine_spec(spec),
-                default_block_size=block_size,
-                where=f"engines[{len(toml_engines) + j}]",
-            )
-        )
-    if not engines:
-        raise InvalidInput("engines", [], "none given (--engine or [[engines]] in --config)")
-    return tuple(engines)
-
-
 def _cost(v: _Values, options: ServeOptions) -> CostModel:
     """The preset, or the cost file (``cost_file`` and an explicit ``preset`` exclude each
     other)."""
@@ -308,7 +275,12 @@ def _build(
         prefill_tokens_per_s=v.opt_float("prefill_tokens_per_s"),
         decode_step_ms=v.opt_float("decode_step_ms"),
         log_level=v.str_("log_level").lower(),
+        cluster=v.opt_str("cluster"),
+        workers=v.int_("workers"),
     )
+    cluster = None if options.cluster is None else ClusterConfig(
+        options.cluster, v.str_("replica_id"), v.str_("cluster_name"),
+        v.float_("cluster_heartbeat_s"), v.float_("cluster_expiry_s"))  # fmt: skip
     cost = with_overrides(
         _cost(v, options),
         prefill_tokens_per_s=options.prefill_tokens_per_s,
@@ -367,7 +339,19 @@ def _build(
             inline_work_chars=v.int_("inline_work_chars"),
         ),
     )
-    return ServeSettings(gateway, scheduler, cost, options.policy, model_path, options.log_level)
+    return ServeSettings(gateway, scheduler, cost, options.policy, model_path, options.log_level,
+                         cluster, options.workers, v.str_("replica_id"))  # fmt: skip
 
 
-__all__ = ["DEFAULTS", "FIELD_KEYS", "KEYS", "LOG_LEVELS", "Key", "ServeOptions", "parse_set"]
+__all__ = [
+    "DEFAULTS",
+    "FIELD_KEYS",
+    "KEYS",
+    "LOG_LEVELS",
+    "Key",
+    "ServeOptions",
+    "ServeSettings",
+    "build_settings",
+    "parse_engine_spec",
+    "parse_set",
+]

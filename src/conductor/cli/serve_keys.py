@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from conductor.cli.fields import field_default
-from conductor.core.checks import check_choice
+from conductor.cluster.config import ClusterConfig
+from conductor.core.checks import check_at_least, check_choice
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, preset
 from conductor.core.errors import InvalidInput
@@ -50,8 +51,11 @@ class ServeOptions:
     prefill_tokens_per_s: float | None = None
     decode_step_ms: float | None = None
     log_level: str = "info"
+    cluster: str | None = None
+    workers: int = 1
 
     def __post_init__(self) -> None:
+        check_at_least("workers", self.workers, 1)
         check_policy(self.policy)
         preset(self.preset)
         check_choice("log_level", self.log_level, LOG_LEVELS)
@@ -115,11 +119,22 @@ KEYS: dict[str, Key] = {
     "max_n": Key(RequestLimits, "max_n"),
     "inline_work_chars": Key(RequestLimits, "inline_work_chars"),
     "log_level": Key(ServeOptions, "log_level"),
+    "cluster": Key(ServeOptions, "cluster"),
+    "replica_id": Key(ClusterConfig, "replica_id"),
+    "cluster_name": Key(ClusterConfig, "cluster_name"),
+    "cluster_heartbeat_s": Key(ClusterConfig, "heartbeat_s"),
+    "cluster_expiry_s": Key(ClusterConfig, "expiry_s"),
+    "workers": Key(ServeOptions, "workers"),
 }
 """Every ``[gateway]`` key and its command-line option; ``model_path`` is required."""
 DEFAULTS: dict[str, object] = {key: k.default() for key, k in KEYS.items()}
 """Each key's default, read off the config dataclasses."""
-FIELD_KEYS = {"block_size_tokens": "block_size", "tbt_slo_s": "tbt_slo_ms"}
+FIELD_KEYS = {
+    "block_size_tokens": "block_size",
+    "tbt_slo_s": "tbt_slo_ms",
+    "heartbeat_s": "cluster_heartbeat_s",
+    "expiry_s": "cluster_expiry_s",
+}
 """Config fields whose key has another name."""
 
 

@@ -36,11 +36,13 @@ from conductor.cli.sim_options import (
     OracleOpt,
     PrefillOpt,
     PresetOpt,
+    ReplicasOpt,
     ReplOpt,
     SeedOpt,
     SeqsOpt,
     SkipOpt,
     SpeedOpt,
+    SyncDelayOpt,
     TbtOpt,
     TraceOpt,
     TtftOpt,
@@ -150,6 +152,8 @@ def register(app: typer.Typer) -> None:
         cost_error: CostErrorOpt = DEFAULTS.cost_error,
         cost_bias: CostBiasOpt = DEFAULTS.cost_bias,
         correction: CorrectionOpt = DEFAULTS.scheduler.cost_correction,
+        replicas: ReplicasOpt = DEFAULTS.replicas,
+        sync_delay_ms: SyncDelayOpt = DEFAULTS.sync_delay_s * 1e3,
         load_plot: Annotated[
             Path | None,
             typer.Option("--load-plot", help="PNG of prefill/decode load and replicas over time"),
@@ -167,6 +171,7 @@ def register(app: typer.Typer) -> None:
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
             kv_block_tokens=kv_block_tokens, long_prefill_tokens=long_prefill_tokens,
             cost_error=cost_error, cost_bias=cost_bias, correction=correction,
+            replicas=replicas, sync_delay_ms=sync_delay_ms,
             cost=cost_from_options(ctx, cost_file),
         )  # fmt: skip
         cfg = build_config(options, name, load_plot=load_plot is not None)

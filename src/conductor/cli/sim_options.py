@@ -59,6 +59,8 @@ FLAGS = {
     "max_tokens": "--max-tokens",
     "cost_error": "--cost-error",
     "cost_bias": "--cost-bias",
+    "replicas": "--replicas",
+    "sync_delay_s": "--sync-delay-ms",
 }
 """Config field -> the option that sets it."""
 
@@ -159,6 +161,13 @@ CorrectionOpt = Annotated[
     typer.Option(
         "--correction/--no-correction", help="correct the cost model online from engine timings"
     ),
+]
+ReplicasOpt = Annotated[
+    int, typer.Option("--replicas", help="scheduler replicas the arrivals are spread over")
+]
+SyncDelayOpt = Annotated[
+    float,
+    typer.Option("--sync-delay-ms", help="how late replicas see each other's reservations"),
 ]
 
 
@@ -280,6 +289,8 @@ class ClusterOptions:
     correction: bool = DEFAULTS.scheduler.cost_correction
     cost: CostModel | None = None
     """From ``--cost-file``; None: the preset ``preset_name``."""
+    replicas: int = DEFAULTS.replicas
+    sync_delay_ms: float = DEFAULTS.sync_delay_s * 1e3
 
 
 def build_config(
@@ -292,7 +303,8 @@ def build_config(
         return _config(o, policy, load_plot)
     except InvalidInput as exc:
         flags = {**FLAGS, "policy": policy_flag}
-        raise config_error(exc, flags, {"tbt_slo_s": o.tbt_slo_ms}) from None
+        shown = {"tbt_slo_s": o.tbt_slo_ms, "sync_delay_s": o.sync_delay_ms}
+        raise config_error(exc, flags, shown) from None
 
 
 def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
@@ -328,6 +340,8 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         kv_event_delay_s=o.kv_event_delay_s,
         cost_error=o.cost_error,
         cost_bias=o.cost_bias,
+        replicas=o.replicas,
+        sync_delay_s=o.sync_delay_ms / 1e3,
         seed=o.seed,
         oracle_lengths=o.oracle_lengths,
         load_sample_every_s=LOAD_SAMPLE_EVERY_S if load_plot else 0.0,

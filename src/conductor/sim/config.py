@@ -63,6 +63,9 @@ class SimConfig:
     ``replica_ranks`` by use in the whole trace (FAST Fig. 11; 0 = never).
     ``n_both``: instances that prefill and decode (``role=both``), after the others.
     ``engine``: the engines' iteration scheduler (:class:`EngineConfig`).
+    ``replicas``: scheduler replicas the arrivals are spread over (round-robin), each seeing
+    the others' reservations ``sync_delay_s`` late (:mod:`conductor.sim.replicas`);
+    ``replica_stagger``: each replica breaks exact ties in its own instance order.
     """
 
     policy: str = DEFAULT_POLICY
@@ -82,6 +85,9 @@ class SimConfig:
     replica_sample_every_s: float = 0.0
     replica_ranks: tuple[int, ...] = (10, 100, 1000)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    replicas: int = 1
+    sync_delay_s: float = 0.0
+    replica_stagger: bool = True
 
     def __post_init__(self) -> None:
         check_policy(self.policy)
@@ -96,6 +102,8 @@ class SimConfig:
         check_at_least("cost_error", self.cost_error, 0)
         if not self.cost_bias > -1:
             raise InvalidInput("cost_bias", self.cost_bias, "must be > -1 (engines 1 + B times)")
+        check_at_least("replicas", self.replicas, 1)
+        check_at_least("sync_delay_s", self.sync_delay_s, 0)
 
     @property
     def cache_capacity_blocks(self) -> int | None:

@@ -28,6 +28,7 @@ from conductor.sim.nodes import Engine
 from conductor.sim.perturb import EngineCost
 from conductor.sim.prefill import PrefillSide
 from conductor.sim.records import RequestRecord, summarize
+from conductor.sim.replicas import make_scheduler
 
 Progress = Callable[[int, int], None]
 
@@ -116,9 +117,7 @@ class _Simulation:
             if cfg.oracle_lengths
             else None
         )
-        self.scheduler = Scheduler(
-            cfg.cost, policy=cfg.policy, config=cfg.scheduler, output_lengths=lengths
-        )
+        self.scheduler: Scheduler = make_scheduler(cfg, lengths)
         self.records = [
             RequestRecord(r.request_id, r.arrival_s, r.prompt_tokens, n)
             for r, n in zip(requests, generated, strict=True)

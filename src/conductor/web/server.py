@@ -140,9 +140,11 @@ async def serve_until_stopped(
     stop: asyncio.Event | None = None,
     grace_s: float = SHUTDOWN_GRACE_S,
     on_ready: Callable[[HttpServer], None] | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
     """Runs ``lifespan`` (entered before listening), serves until ``stop`` is set or
-    SIGINT/SIGTERM arrives, then shuts down gracefully."""
+    SIGINT/SIGTERM arrives, then shuts down gracefully. ``sock``: an already bound socket
+    (e.g. one of several ``SO_REUSEPORT`` workers) instead of ``host``/``port``."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
@@ -154,7 +156,7 @@ async def serve_until_stopped(
         async with contextlib.AsyncExitStack() as stack:
             if lifespan is not None:
                 await stack.enter_async_context(lifespan)
-            await server.start(host, port)
+            await server.start(host, port, sock=sock)
             if on_ready is not None:
                 on_ready(server)
             try:
