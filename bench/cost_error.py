@@ -29,7 +29,12 @@ from conductor.core.correction import ScaledDecode, ScaledPrefill
 from conductor.core.costmodel import DEFAULT_PRESET
 from conductor.sim import simulate
 from conductor.sim.report import write_json
-from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
+from conductor.workload.trace import (
+    bundled_trace_path,
+    generated_tokens,
+    read_trace,
+    records_to_requests,
+)
 
 
 def main() -> None:
@@ -60,6 +65,7 @@ def main() -> None:
     ]
     for speed in [float(x) for x in args.speeds.split(",")]:
         requests = records_to_requests(records, speed=speed)
+        outputs = generated_tokens(records)  # the engines' truth; the scheduler predicts
         exact = build_config(base, args.policy)
         c = exact.cost
         k = 1.0 + args.bias
@@ -78,7 +84,7 @@ def main() -> None:
         }
         got: dict[str, dict[str, Any]] = {}
         for label, cfg in runs.items():
-            s = simulate(requests, cfg).summary
+            s = simulate(requests, cfg, outputs=outputs).summary
             s.update(speed=speed, model=label)
             got[label] = s
             rows.append(s)

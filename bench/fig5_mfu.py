@@ -2,12 +2,12 @@
 
     .venv/bin/python bench/fig5_mfu.py [--out docs/results] [--mfus 0.35,0.42,0.5]
 
-For each MFU, ``conductor compare --policies random,least_loaded,cache_aware_local,mooncake``
-on the bundled conversation trace at 1x on 8 prefill + 8 decode instances (the defaults), with
+For each MFU, ``conductor compare --admission off --policies
+random,least_loaded,cache_aware_local,mooncake`` on the bundled conversation trace at 1x on 8 prefill + 8 decode instances (the defaults), with
 the preset's prefill at that MFU (``CostModel.with_prefill_mfu``; everything else as fitted).
 Writes ``fig5_mfu_<mfu>.json`` / ``.md`` per MFU (the compare table) and ``fig5_mfu.md``
 (mean TTFT per policy and MFU beside the paper's). The preset's own fit to Splitwise's A100
-profile is MFU 0.375 (``conductor compare`` without this script).
+profile is MFU 0.375 (``conductor compare --admission off`` without this script).
 """
 
 from __future__ import annotations
@@ -20,7 +20,12 @@ from conductor.cli.sim_options import DEFAULT_TBT_SLO_MS, DEFAULTS, ClusterOptio
 from conductor.core.costmodel import DEFAULT_PRESET, preset
 from conductor.sim import simulate
 from conductor.sim.report import markdown_table, write_json
-from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
+from conductor.workload.trace import (
+    bundled_trace_path,
+    generated_tokens,
+    read_trace,
+    records_to_requests,
+)
 
 POLICIES = ("random", "least_loaded", "cache_aware_local", "mooncake")
 PAPER_TTFT_S = {"random": 19.65, "least_loaded": 5.27, "cache_aware_local": 3.58, "mooncake": 3.07}
@@ -33,7 +38,9 @@ def main() -> None:
     ap.add_argument("--mfus", default="0.35,0.42,0.5")
     args = ap.parse_args()
     mfus = [float(x) for x in args.mfus.split(",")]
-    requests = records_to_requests(read_trace(bundled_trace_path()).records)
+    records = read_trace(bundled_trace_path()).records
+    requests = records_to_requests(records)
+    outputs = generated_tokens(records)  # the engines' truth; the scheduler predicts
     base = preset(DEFAULT_PRESET)
     options = ClusterOptions(
         DEFAULTS.n_prefill,
@@ -42,6 +49,7 @@ def main() -> None:
         DEFAULTS.scheduler.ttft_slo_s,
         DEFAULT_TBT_SLO_MS,
         DEFAULTS.seed,
+        admission="off",  # Fig. 5 compares placement alone, as the paper does
     )
     table: dict[str, dict[float, float | None]] = {p: {} for p in POLICIES}
     for mfu in mfus:
@@ -49,7 +57,7 @@ def main() -> None:
         rows = []
         for policy in POLICIES:
             cfg = replace(build_config(options, policy), cost=cost)  # = conductor compare
-            s = simulate(requests, cfg).summary
+            s = simulate(requests, cfg, outputs=outputs).summary
             s["prefill_mfu"] = mfu
             rows.append(s)
             ttft = s["ttft_s"]
