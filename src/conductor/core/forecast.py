@@ -11,6 +11,10 @@ finished), its prompt and its predicted output (:class:`OutputEstimate`). At a d
   a request stays in the forecast as long as it runs, however far past the mean it goes
   (the forecast of the paper's uniform ``t_d`` dropped 20% of the running requests).
 
+A member's decode step cost reads its mean context over the rest of its decode (prompt +
+generated + half of what it has left: the KV grows a token per step and the step is linear
+in the context); the KV room check reads its context at its end.
+
 ``token_s`` (seconds per output token, queueing in the decode batch included) is learnt as
 an exponentially weighted mean of finished requests' ``decode time / (output tokens - 1)``,
 starting at the TBT SLO (conservative: requests stay longer until it is learnt).
