@@ -37,8 +37,9 @@ def test_a_running_request_stays_in_the_forecast_past_its_predicted_end() -> Non
     f.add(RequestId("a"), iid("d0"), 0.0, 100, OutputEstimate(10.0, 10.0, 1000), started=True)
     pool = make_conductor(1, 1).pools()[1]
     (w,) = f.window(5.0, 5.0, 6.0, pool, 50, COST, lengths)
-    assert (w.peak_batch, w.peak_context_tokens) == (2, 110)
-    # 50 tokens produced, more than anything observed: half that again, 2.5 s more
+    # 50 tokens produced, more than anything observed: half that again, 2.5 s more; the step
+    # reads its mean context over that rest (100 + 50 + 25 / 2), the KV check its end (175)
+    assert (w.peak_batch, w.peak_context_tokens, w.max_kv_tokens) == (2, 162, 175)
     assert f.end_s(RequestId("a"), f._entries[RequestId("a")], 5.0, lengths) == pytest.approx(7.5)
 
 
@@ -49,7 +50,9 @@ def test_window_sees_requests_that_join_later() -> None:
     f.add(RequestId("b"), iid("d0"), 3.5, 100, OutputEstimate(10.0, 10.0, 1000))
     pool = make_conductor(1, 1).pools()[1]
     (w,) = f.window(0.0, 1.0, 3.0, pool, 7, COST, lengths)  # a joins at 2 s; b after the window
-    assert (w.peak_batch, w.peak_context_tokens, w.step_at_t0_s) == (2, 110, 0.0)
+    # a's mean context while it decodes: 100 + 10 / 2; its KV at its end: 110
+    assert (w.peak_batch, w.peak_context_tokens, w.step_at_t0_s) == (2, 105, 0.0)
+    assert w.max_kv_tokens == 110
     (w,) = f.window(0.0, 1.0, 4.0, pool, 7, COST, lengths)  # both overlap (a ends at 3 s: no)
     assert (w.peak_batch, w.max_batch) == (2, 1)
 

@@ -114,12 +114,12 @@ def check_predictive(
     slo = _tbt_slo(ctx)
     t0 = ctx.now_s + pre.ttft_s
     t1 = t0 + out.mean * forecast.token_s
-    own = req.prompt_tokens + int(out.mean)
+    own = req.prompt_tokens + out.mean / 2  # its mean context while it decodes
     loads = forecast.window(ctx.now_s, t0, t1, ctx.decode_pool, own, ctx.cost, lengths)
     factor = tbt_factor(out.mean)
     best = None
     for inst, load in zip(ctx.decode_pool, loads, strict=True):
-        room = load.max_context_tokens + req.prompt_tokens + out.high <= kv_capacity(ctx, inst)
+        room = load.max_kv_tokens + req.prompt_tokens + out.high <= kv_capacity(ctx, inst)
         fits = room and load.max_batch < max_batch(ctx, inst)
         if fits and (best is None or load.peak_step_s < best.peak_step_s):
             best = load
