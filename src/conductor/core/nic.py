@@ -2,13 +2,18 @@
 
 Every KV transfer a plan makes (a prefix fetch to the prefill instance, the prompt's KV to
 the decode instance) holds the source's egress and the target's ingress for its predicted
-time, after the transfers already booked on either (FIFO per NIC direction, the model the
-simulator executes). A transfer's predicted time is then its wait plus its own duration.
-Pure bookkeeping: times come in as arguments.
+time, after the transfers already requested on either (FIFO per NIC direction in the order the
+transfers are requested, the model the simulator executes). A transfer's predicted time is
+then its wait plus its own duration. The prompt's KV hand-off to the decode instance is
+requested only when its prefill ends (it may start, streaming, from the prefill's start):
+until that predicted end it is held back, so that it does not make the prefill instance's
+egress look busy from the moment of the plan on (a fetch from it, requested before, goes
+first, as in the simulator). Pure bookkeeping: times come in as arguments.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,11 +32,39 @@ class NicBook:
     in_free_s: dict[InstanceId, float] = field(default_factory=dict)
     _bw: dict[InstanceId, float | None] = field(default_factory=dict)
     _pool: object = None  # the prefill pool ``_bw`` was read from (rebuilt when it changes)
+    pending: list[tuple[float, int, InstanceId, InstanceId, float, float]] = field(
+        default_factory=list
+    )
+    """Transfers requested in the future: a heap of (request time, sequence, source, target,
+    earliest start, seconds), booked once ``now_s`` reaches their request time."""
+    _seq: int = 0
+
+    def later(
+        self,
+        request_s: float,
+        source: InstanceId,
+        target: InstanceId,
+        start_s: float,
+        seconds: float,
+    ) -> None:
+        """Book a transfer that will be requested at ``request_s`` (it may start from
+        ``start_s``); it holds no NIC for requests made before ``request_s``."""
+        self._seq += 1
+        heapq.heappush(self.pending, (request_s, self._seq, source, target, start_s, seconds))
+
+    def release(self, now_s: float) -> None:
+        """Book, in request order, the pending transfers requested by ``now_s``."""
+        pending = self.pending
+        while pending and pending[0][0] <= now_s:
+            _, _, source, target, start_s, seconds = heapq.heappop(pending)
+            self.book(source, target, start_s, seconds)
 
     def wait_s(self, source: InstanceId | None, target: InstanceId, now_s: float) -> float:
         """How long a transfer from ``source`` to ``target`` requested at ``now_s`` waits."""
         if source is None:
             return 0.0
+        if self.pending and self.pending[0][0] <= now_s:
+            self.release(now_s)
         free = max(self.out_free_s.get(source, 0.0), self.in_free_s.get(target, 0.0))
         return free - now_s if free > now_s else 0.0
 
@@ -46,7 +79,8 @@ class NicBook:
 
     def book_plan(self, ctx: SchedulingContext, pre: PrefillChoice, decode: InstanceId) -> None:
         """Book a plan's KV transfers: the prefix fetch now, and the prompt's KV to
-        ``decode`` streamed (layer by layer) from the predicted start of the prefill."""
+        ``decode``, requested at the predicted end of the prefill and streamed (layer by
+        layer) from its predicted start."""
         cost = ctx.cost
         bw = next(
             (
@@ -56,9 +90,12 @@ class NicBook:
             ),
             None,
         )
+        now = ctx.now_s
+        self.release(now)
         if pre.fetch_source is not None and pre.fetch_tokens > 0:
             seconds = cost.transfer_s(pre.fetch_tokens, bw)
-            self.book(pre.fetch_source, pre.instance, ctx.now_s, seconds)
+            self.book(pre.fetch_source, pre.instance, now, seconds)
         if decode != pre.instance:
-            start = ctx.now_s + pre.ttft_s - pre.prefill_s
-            self.book(pre.instance, decode, start, cost.transfer_s(ctx.request.prompt_tokens, bw))
+            start = now + pre.ttft_s - pre.prefill_s
+            seconds = cost.transfer_s(ctx.request.prompt_tokens, bw)
+            self.later(now + pre.ttft_s, pre.instance, decode, start, seconds)
