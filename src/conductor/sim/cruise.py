@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
+from itertools import accumulate
 
+from conductor.core.cost_forms import LinearDecode
 from conductor.sim.nodes import Engine
 
 REPORT_EVERY_STEPS = 32
@@ -32,33 +34,37 @@ def run_ahead(
     k: int,
     ctx: int,
     step_s: Callable[[float, float], float],
+    linear: LinearDecode | None,
     mul: float | None,
 ) -> float:
     """Plan ``e``'s decode-only steps after the one just started (its end ``te`` is the
-    ``k + 1``-th; ``ctx`` is what that step read, ``step_s`` the decode step time, ``mul``
-    its factor when the engine cost is perturbed); returns the end of the last planned
-    step (the one the caller pushes as the event)."""
+    ``k + 1``-th; ``ctx`` is what that step read, ``step_s`` the decode step time,
+    ``linear`` the same when it is a :class:`LinearDecode` (computed inline), ``mul`` its
+    factor when the engine cost is perturbed); returns the end of the last planned step
+    (the one the caller pushes as the event)."""
     n = len(e.decoding)
     room = REPORT_EVERY_STEPS - 1 - int(e.obs[0])  # no planned step start may report
     fh = e.finish_heap
     if fh:
         room = min(room, fh[0][0] - k - 1)  # ends after index k, before the first finish
-    block = e.block
-    kvb = e.kv_blocks
-    spare = n * (block - 1)
-    ts = e.ahead_t
-    ds = e.ahead_d
-    while room > 0:
-        ctx += n
-        if (ctx + spare) // block > kvb:
-            break
-        d = step_s(n, ctx)
-        if mul is not None:
-            d *= mul
-        ts.append(te)
-        ds.append(d)
-        te += d
-        room -= 1
+    # a planned end's ctx (ctx + i n) must keep (ctx + n (block - 1)) // block <= kv_blocks
+    fits_below = (e.kv_blocks + 1) * e.block - n * (e.block - 1)
+    room = min(room, (fits_below - 1 - ctx) // n)
+    if room <= 0:
+        return te
+    ctxs = range(ctx + n, ctx + n * room + 1, n)
+    if linear is not None:
+        base = linear.c0 + linear.c1 * n  # as LinearDecode.step_s adds them: c0 + c1 B first
+        c2 = linear.c2
+        ds = [base + c2 * c for c in ctxs]
+    else:
+        ds = [step_s(n, c) for c in ctxs]
+    if mul is not None:
+        ds = [d * mul for d in ds]
+    ts = list(accumulate(ds, initial=te))  # te, te + d1, (te + d1) + d2, ...: as step by step
+    te = ts.pop()
+    e.ahead_t.extend(ts)
+    e.ahead_d.extend(ds)
     return te
 
 

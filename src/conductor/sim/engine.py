@@ -46,6 +46,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from heapq import heappop, heappush
 
+from conductor.core.cost_forms import LinearDecode
 from conductor.core.events import DecodeStepsObserved, Event
 from conductor.core.types import InstanceId
 from conductor.sim.cruise import REPORT_EVERY_STEPS, apply, cut, run_ahead
@@ -82,6 +83,7 @@ class EngineLoop:
         self.scale = engine_cost.scale
         self.prefill_time = cost.prefill.time_s
         self.step_s = cost.decode.step_s
+        self.linear = cost.decode if type(cost.decode) is LinearDecode else None
         self.fixed_s = cost.prefill.time_s(1, 0)
         self.report: Callable[[Event], None] = _ignore
         self.records = records
@@ -358,7 +360,7 @@ class EngineLoop:
                     d *= self.scale * e.fsum / n
                 self.observe(e, t, d, n)
                 mul = None if self.exact else self.scale * e.fsum / n
-                te = run_ahead(e, t + d, k, ctx, self.step_s, mul)
+                te = run_ahead(e, t + d, k, ctx, self.step_s, self.linear, mul)
                 q = self.queue
                 q.seq += 1
                 heappush(q.heap, (te, q.seq, ev))
