@@ -56,10 +56,8 @@ class LruBlockCache:
         evicted: list[BlockHash] = []
         if cap is not None:
             # the chain now sits at the recent end, so victims are never its own blocks
-            while len(lru) > cap:
-                victim = next(iter(lru))
-                del lru[victim]
-                evicted.append(victim)
+            pop = lru.popitem
+            evicted.extend(pop(last=False)[0] for _ in range(len(lru) - cap))
         return stored, evicted
 
     def remove(self, hashes: Sequence[BlockHash]) -> None:

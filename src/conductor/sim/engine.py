@@ -35,9 +35,10 @@ chunked-pipeline stage (``Seq.exclusive_s``) runs alone, once nothing else is ru
 its planned time; waiting requests behind it wait (FCFS).
 
 The step that computes a prompt's last token emits a token (the first, or after a
-recompute the next one); a decoding request emits one per step. Only the step's requests
-are touched on the way: decodes are kept as sums (``Engine.ctx``) and a finish heap, and
-their exact per-request blocks are counted only when the sum says the blocks might not fit.
+recompute the next one); a decoding request emits one per step. Decodes are kept as sums
+(``Engine.ctx``) and a finish heap (exact per-request blocks are counted only when the sum
+says they might not fit), and runs of decode-only steps go without an event per step
+(:mod:`conductor.sim.cruise`).
 """
 
 from __future__ import annotations
@@ -45,15 +46,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from heapq import heappop, heappush
 
+from conductor.core.cost_forms import LinearDecode
 from conductor.core.events import DecodeStepsObserved, Event
 from conductor.core.types import InstanceId
+from conductor.sim.cruise import REPORT_EVERY_STEPS, apply, cut, run_ahead
 from conductor.sim.events import EngineStep, EventQueue
 from conductor.sim.nodes import Engine, Seq
 from conductor.sim.perturb import EngineCost
 from conductor.sim.records import RequestRecord
-
-REPORT_EVERY_STEPS = 32
-"""An engine reports its decode-step statistics (``DecodeStepsObserved``) this often."""
 
 Hook = Callable[[float, Engine, Seq], None]
 Segment = tuple[Engine, int, int]
@@ -83,6 +83,7 @@ class EngineLoop:
         self.scale = engine_cost.scale
         self.prefill_time = cost.prefill.time_s
         self.step_s = cost.decode.step_s
+        self.linear = cost.decode if type(cost.decode) is LinearDecode else None
         self.fixed_s = cost.prefill.time_s(1, 0)
         self.report: Callable[[Event], None] = _ignore
         self.records = records
@@ -104,6 +105,10 @@ class EngineLoop:
         e.waiting.append(s)
         if not e.stepping:
             self.form(t, e)
+        elif e.ahead_t and (te := cut(e, t)) is not None:
+            self.steps[e.iid].live = False
+            ev = self.steps[e.iid] = EngineStep(e)
+            self.push(te, ev)
 
     def kick(self, t: float, e: Engine) -> None:
         if not e.stepping:
@@ -159,8 +164,7 @@ class EngineLoop:
         self.push(t + dur, self.steps[e.iid])
 
     def observe(self, e: Engine, t: float, seconds: float, n: int) -> None:
-        """Count a decode-only step of ``e`` starting at ``t``; report every
-        ``REPORT_EVERY_STEPS``."""
+        """Count a decode-only step of ``e`` from ``t``; report every ``REPORT_EVERY_STEPS``."""
         w = e.obs
         w[0] += 1
         w[1] += seconds
@@ -171,32 +175,14 @@ class EngineLoop:
             w[:] = [0, 0.0, 0, 0]
             self.report(DecodeStepsObserved(e.iid, int(steps), busy, int(b), int(c), t))
 
-    def free_bound(self, e: Engine) -> int:
-        """Free blocks, counting each decoding request's partial block as full (a lower
-        bound: exact when it says enough)."""
-        n = len(e.decoding)
-        return e.kv_blocks - e.pre_blocks - (e.ctx + n * (e.block - 1)) // e.block
-
-    def decode_blocks(self, e: Engine, k: int) -> int:
-        """The decoding requests' blocks after step ``k`` (exact)."""
-        bs = e.block
-        return sum(-(-(s.tok0 + 1 + k - s.step0) // bs) for s in e.decoding.values())
-
-    def newest(self, e: Engine) -> Seq | None:
-        p = e.prefilling[-1] if e.prefilling else None
-        d = e.decoding[next(reversed(e.decoding))] if e.decoding else None
-        if p is None or (d is not None and d.order > p.order):
-            return d
-        return p
-
     def make_room(self, e: Engine, k: int, need: int, requester: Seq | None) -> bool:
         """Preempt the newest running requests until ``need`` more blocks fit beside the
         decodes of step ``k``; False when ``requester`` itself had to go."""
-        dec = self.decode_blocks(e, k)
+        dec = e.decode_blocks(k)
         while e.pre_blocks + dec + need > e.kv_blocks:
             if len(e.prefilling) + len(e.decoding) <= 1:
                 return True  # never the last one: it runs over capacity
-            victim = self.newest(e)
+            victim = e.newest()
             if victim is None:
                 return True
             dec -= self.preempt(e, k, victim)
@@ -247,7 +233,7 @@ class EngineLoop:
             if c > budget:
                 c = budget
             need = -(-(s.computed + c) // bs) - s.blocks
-            if need > 0 and need > self.free_bound(e) and not self.make_room(e, k, need, s):
+            if need > 0 and need > e.free_bound() and not self.make_room(e, k, need, s):
                 i -= 1  # it preempted itself: the next one moved into its place
                 continue
             s.blocks += need
@@ -288,8 +274,8 @@ class EngineLoop:
             need = -(-(s.computed + c) // bs)
             if (
                 running
-                and need > self.free_bound(e)
-                and need > e.kv_blocks - e.pre_blocks - self.decode_blocks(e, k)
+                and need > e.free_bound()
+                and need > e.kv_blocks - e.pre_blocks - e.decode_blocks(k)
             ):
                 break
             del w[i]
@@ -323,7 +309,11 @@ class EngineLoop:
 
     # -- a step ends ---------------------------------------------------------------------
     def on_step_end(self, t: float, ev: EngineStep) -> None:
+        if not ev.live:
+            return
         e = ev.engine
+        if e.ahead_t:
+            apply(e, len(e.ahead_t))
         ends = e.step_ends
         k = len(ends)
         ends.append(t)
@@ -369,9 +359,11 @@ class EngineLoop:
                 if not self.exact:
                     d *= self.scale * e.fsum / n
                 self.observe(e, t, d, n)
+                mul = None if self.exact else self.scale * e.fsum / n
+                te = run_ahead(e, t + d, k, ctx, self.step_s, self.linear, mul)
                 q = self.queue
                 q.seq += 1
-                heappush(q.heap, (t + d, q.seq, ev))
+                heappush(q.heap, (te, q.seq, ev))
                 return
         self.form(t, e)
 

@@ -49,12 +49,14 @@ class EngineStep:
 
     One per engine, made once and pushed again for every step: an engine has at most one
     step in flight, so no two copies are ever in the queue (no allocation on the
-    simulator's hottest path)."""
+    simulator's hottest path). ``live`` is False once the step it stood for was cut short
+    (:mod:`conductor.sim.cruise`): the copy left in the queue is then skipped."""
 
-    __slots__ = ("engine",)
+    __slots__ = ("engine", "live")
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.live = True
 
 
 class KvEventDue:

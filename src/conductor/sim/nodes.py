@@ -104,7 +104,9 @@ class Engine:
     prefill-capable instance (DRAM, LRU). ``nic_in_free_s`` / ``nic_out_free_s``: when its
     NIC's ingress / egress is next free (FIFO per direction). ``fsum``: the decoding requests'
     job factors summed; ``obs``: decode steps, busy seconds, batch and context sums since the
-    last ``DecodeStepsObserved`` report."""
+    last ``DecodeStepsObserved`` report. ``ahead_t`` / ``ahead_d``: decode-only steps run
+    ahead (:mod:`conductor.sim.cruise`): the end times of steps not yet applied to the
+    fields above, and the duration of the step each one starts."""
 
     iid: InstanceId
     role: Role
@@ -129,6 +131,8 @@ class Engine:
     obs: list[float] = field(default_factory=lambda: [0, 0.0, 0, 0])
     nic_in_free_s: float = 0.0
     nic_out_free_s: float = 0.0
+    ahead_t: list[float] = field(default_factory=list)
+    ahead_d: list[float] = field(default_factory=list)
 
     @property
     def batch(self) -> int:
@@ -137,6 +141,25 @@ class Engine:
     @property
     def context_tokens(self) -> int:
         return self.ctx
+
+    def free_bound(self) -> int:
+        """Free blocks, counting each decoding request's partial block as full (a lower
+        bound: exact when it says enough)."""
+        n = len(self.decoding)
+        return self.kv_blocks - self.pre_blocks - (self.ctx + n * (self.block - 1)) // self.block
+
+    def decode_blocks(self, k: int) -> int:
+        """The decoding requests' blocks after step ``k`` (exact)."""
+        bs = self.block
+        return sum(-(-(s.tok0 + 1 + k - s.step0) // bs) for s in self.decoding.values())
+
+    def newest(self) -> Seq | None:
+        """The running request admitted last (the next to preempt)."""
+        p = self.prefilling[-1] if self.prefilling else None
+        d = self.decoding[next(reversed(self.decoding))] if self.decoding else None
+        if p is None or (d is not None and d.order > p.order):
+            return d
+        return p
 
 
 def transfer(src: Engine, dst: Engine, earliest_s: float, seconds: float) -> float:

@@ -21,6 +21,7 @@ from conductor.core.state import InstanceSpec
 from conductor.core.types import BlockHash, InstanceId, Request, Role
 from conductor.sim.cache import LruBlockCache
 from conductor.sim.config import SimConfig
+from conductor.sim.cruise import catch_up
 from conductor.sim.decode import DecodeSide
 from conductor.sim.engine import EngineLoop
 from conductor.sim.events import Arrival, CopyDone, DecodeJoin, EngineStep, EventQueue, FetchDone
@@ -157,6 +158,8 @@ class _Simulation:
         while heap:
             t, _, ev = pop(heap)
             while t >= next_sample:
+                for e in self.engines.values():
+                    catch_up(e, next_sample)  # the steps before it (sample_load reads engines)
                 self.sample_load(next_sample)
                 next_sample += every
             while t >= next_replica:
