@@ -39,7 +39,7 @@ for kind in chat agent; do
   $C compare --trace $R/synth_$kind.jsonl --speed 16 --json $R/compare_synth_${kind}_16x.json --markdown $R/compare_synth_${kind}_16x.md
 done
 rm -f $R/synth_*.jsonl
-$C capacity --bisect-steps 3 --json $R/capacity.json > $R/capacity.txt
+$C capacity --bisect-steps 3 --tbt-slos-ms 100 --json $R/capacity.json > $R/capacity.txt
 # the Fig. 5 table under other prefill MFUs (the preset's fit to Splitwise's A100 profile is 0.375)
 $PY bench/fig5_mfu.py --out $R --mfus 0.35,0.375,0.42,0.5
 # engines off the cost model (sigma 0.3, +30%): corrected online vs not, beside two references
