@@ -141,8 +141,12 @@ def test_kv_stream_cut_and_resumed_is_replayed(
         only_on(admin, "e1b", ids)
         wait_for(lambda: fwd.accepted >= 1)  # the gateway subscribed through the forwarder
 
+        attempts = iter(range(1000))
+
         def warm() -> bool:  # (batches published while the subscription joins are missed)
-            assert complete(admin, "warm words before the cut").status_code == 200
+            # A new prompt each try: a repeated one hits the engine's cache and stores nothing.
+            words = f"warm words before the cut, try {next(attempts)} " * 4
+            assert complete(admin, words).status_code == 200
             time.sleep(0.2)
             return engines(admin)["e1b"]["indexed_blocks"] > 0  # type: ignore[operator,no-any-return]
 
