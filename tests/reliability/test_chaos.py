@@ -81,10 +81,18 @@ def test_kill9_and_restart_loses_no_request_to_a_hang(
     wait_for(lambda: engines(admin)["e1"]["healthy"])
     only_on(admin, "e1", c.engine_ids())
     try:
-        resp = complete(admin, "after the restart, the first words")
-        assert resp.status_code == 200, resp.text
-        assert resp.headers["x-conductor-prefill"] == "e1"
-        wait_for(lambda: engines(admin)["e1"]["indexed_blocks"] > 0)  # type: ignore[operator]
+        attempts = iter(range(1000))
+
+        def served_and_indexed() -> bool:
+            # A new prompt each try: a batch published while the subscriber rejoins the
+            # restarted engine is missed, and a repeated prompt would store nothing new.
+            resp = complete(admin, f"after the restart, the first words, try {next(attempts)} " * 4)
+            assert resp.status_code == 200, resp.text
+            assert resp.headers["x-conductor-prefill"] == "e1"
+            time.sleep(0.2)
+            return engines(admin)["e1"]["indexed_blocks"] > 0  # type: ignore[operator,no-any-return]
+
+        wait_for(served_and_indexed)
     finally:
         resume_all(admin, c.engine_ids())
 
