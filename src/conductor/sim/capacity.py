@@ -34,7 +34,7 @@ def find_capacity(
     requests: Sequence[Request],
     cfg: SimConfig,
     *,
-    outputs: Sequence[int] | None = None,
+    outputs: Sequence[int],
     target: float = 0.9,
     bisect_steps: int = 4,
     max_speed: float = 16.0,
