@@ -33,7 +33,7 @@ from conductor.cli.sim_rows import (
 from conductor.core.errors import InvalidInput
 from conductor.core.policies import check_policy, policy_names
 from conductor.core.types import Request
-from conductor.sim.capacity import find_capacity
+from conductor.sim.capacity import CapacityPoint, find_capacity
 from conductor.sim.config import SimConfig
 from conductor.sim.pools import PoolShape, find_pools_capacity, simulate_pools
 from conductor.sim.report import plot_comparison, plot_load, to_json, write_json
@@ -112,14 +112,11 @@ def _run_policy(
 ) -> tuple[SimResult, dict[str, SimResult]]:
     """One run of ``policy``: the result (pooled: the totals, with ``per_model``) and each
     pool's own result (empty for one cluster). Every summary gets ``max_tokens``."""
-
-    def cfg_of(o: ClusterOptions) -> SimConfig:
-        return build_config(o, policy, load_plot=load_plot, policy_flag=policy_flag)
-
+    cfg = build_config(options, policy, load_plot=load_plot, policy_flag=policy_flag)
     if shapes is None:
-        res, parts = _run(*workload.single(), cfg_of(options)), {}
+        res, parts = _run(*workload.single(), cfg), {}
     else:
-        pooled = simulate_pools(make_pools(workload, shapes, cfg_of, options))
+        pooled = simulate_pools(make_pools(workload, shapes, cfg))
         res, parts = pooled.total, pooled.pools
     _stamp(res, max_tokens=str(workload.max_tokens))
     return res, parts
@@ -242,7 +239,6 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"must be in (0, 1], got {target}", param_hint="--target")
         workload = source.load()
         shapes = pools_for(options, workload)
-        requests = workload.requests
         out: list[dict[str, Any]] = []
         for line in footing(names, [admission], options.cpp, bundle=bundle):
             name = line.policy
@@ -253,38 +249,46 @@ def register(app: typer.Typer) -> None:
             if shapes is not None:
                 row["pools"] = {m: str(shape) for m, shape in shapes.items()}
             for tbt in thresholds:
-
-                def cfg_of(c: ClusterOptions, tbt: float = tbt, name: str = name) -> SimConfig:
-                    return build_config(replace(c, tbt_slo_ms=tbt), name, policy_flag="--policies")
-
-                cfg = cfg_of(o)
+                cfg = build_config(replace(o, tbt_slo_ms=tbt), name, policy_flag="--policies")
                 row["admission"] = cfg.scheduler.admission
                 row["cpp"] = cfg.scheduler.cpp_enabled
-                per_model: dict[str, float] | None = None
-                if shapes is None:
-                    requests_1, outputs_1 = workload.single()
-                    point = find_capacity(
-                        requests_1, cfg, outputs=outputs_1, target=target, bisect_steps=bisect_steps
-                    )
-                else:
-                    pools = make_pools(workload, shapes, cfg_of, o)
-                    point, per_model = find_pools_capacity(
-                        pools, target=target, bisect_steps=bisect_steps
-                    )
-                cell: dict[str, Any] = {
-                    "speed": round(point.speed, 4),
-                    "rps": round(point.speed * len(requests) / _span(requests), 4),
-                    "attainment": point.attainment,
-                    "tested": [[s, a] for s, a in point.tested],
-                }
-                if per_model is not None:
-                    cell["per_model"] = per_model
+                point, cell = _capacity(workload, shapes, cfg, target, bisect_steps)
                 row[f"tbt_{tbt:g}ms"] = cell
                 typer.echo(f"{line.label} TBT {tbt:g} ms: capacity x{point.speed:.3f}", err=True)
             out.append(row)
         print_capacity(out, thresholds)
         if json_path is not None:
             write_json(json_path, out)
+
+
+def _capacity(
+    workload: Workload,
+    shapes: Shapes,
+    cfg: SimConfig,
+    target: float,
+    bisect_steps: int,
+) -> tuple[CapacityPoint, dict[str, Any]]:
+    """The capacity point of ``cfg`` (pooled: every pool ``cfg`` with its own size) and its
+    JSON cell."""
+    per_model: dict[str, float] | None = None
+    if shapes is None:
+        requests, outputs = workload.single()
+        point = find_capacity(
+            requests, cfg, outputs=outputs, target=target, bisect_steps=bisect_steps
+        )
+    else:
+        pools = make_pools(workload, shapes, cfg)
+        point, per_model = find_pools_capacity(pools, target=target, bisect_steps=bisect_steps)
+    every = workload.requests
+    cell: dict[str, Any] = {
+        "speed": round(point.speed, 4),
+        "rps": round(point.speed * len(every) / _span(every), 4),
+        "attainment": point.attainment,
+        "tested": [[s, a] for s, a in point.tested],
+    }
+    if per_model is not None:
+        cell["per_model"] = per_model
+    return point, cell
 
 
 def _thresholds(text: str) -> list[float]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,7 @@ _CLUSTER: tuple[_Spec, ...] = (
     ("preset_name", PresetOpt, DEFAULT_PRESET),
     ("cost_file", CostFileOpt, None),
     ("ttft_slo_s", TtftOpt, DEFAULTS.scheduler.ttft_slo_s),
+    ("tbt_slo_ms", TbtOpt, DEFAULT_TBT_SLO_MS),
     ("seed", SeedOpt, DEFAULTS.seed),
     ("cpp", CppOpt, None),
     ("replication", ReplOpt, DEFAULTS.scheduler.replication_enabled),
@@ -101,8 +102,14 @@ _CLUSTER: tuple[_Spec, ...] = (
     ("replicas", ReplicasOpt, DEFAULTS.replicas),
     ("sync_delay_ms", SyncDelayOpt, DEFAULTS.sync_delay_s * 1e3),
 )
+_TRACE: tuple[_Spec, ...] = (
+    ("trace", TraceOpt, None),
+    ("limit", LimitOpt, None),
+    ("speed", SpeedOpt, 1.0),
+    ("skip_invalid", SkipOpt, False),
+    ("max_tokens", MaxTokensOpt, "none"),
+)
 _KEYWORD = inspect.Parameter.KEYWORD_ONLY
-_TBT: _Spec = ("tbt_slo_ms", TbtOpt, DEFAULT_TBT_SLO_MS)
 _SIZES = ("prefill", "decode", "both")
 """The options a ``--pool`` replaces."""
 _FLAG = {"prefill": "--prefill", "decode": "--decode", "both": "--both"}
@@ -181,14 +188,8 @@ def shared_options(*, tbt: bool = True, speed: bool = True) -> Callable[..., Any
     ``--speed`` with ``speed``) to a command, which takes ``options: ClusterOptions`` and
     ``source: TraceInput`` instead (``tbt_slo_ms`` the default without ``tbt``, ``speed`` 1
     without ``speed``)."""
-    trace: tuple[_Spec, ...] = (
-        ("trace", TraceOpt, None),
-        ("limit", LimitOpt, None),
-        *((("speed", SpeedOpt, 1.0),) if speed else ()),
-        ("skip_invalid", SkipOpt, False),
-        ("max_tokens", MaxTokensOpt, "none"),
-    )
-    specs = (*_CLUSTER[:7], *((_TBT,) if tbt else ()), *_CLUSTER[7:], *trace)
+    left_out = {name for name, keep in (("tbt_slo_ms", tbt), ("speed", speed)) if not keep}
+    specs = [spec for spec in (*_CLUSTER, *_TRACE) if spec[0] not in left_out]
 
     def decorate(command: Callable[..., None]) -> Callable[..., None]:
         sig = inspect.signature(command, eval_str=True)
@@ -257,17 +258,8 @@ def pools_for(options: ClusterOptions, workload: Workload) -> dict[str, PoolShap
         raise fail(f"{exc.why}") from None
 
 
-def make_pools(
-    workload: Workload,
-    shapes: dict[str, PoolShape],
-    cfg_of: Callable[[ClusterOptions], SimConfig],
-    options: ClusterOptions,
-) -> list[Pool]:
-    """One :class:`Pool` per model of ``shapes``, its config ``cfg_of(options)`` with the
-    pool's instance counts."""
-    out = []
-    for model, shape in shapes.items():
-        sized = replace(options, prefill=shape.prefill, decode=shape.decode, both=shape.both)
-        requests, outputs = workload.by_model[model]
-        out.append(Pool(model, requests, outputs, cfg_of(sized)))
-    return out
+def make_pools(workload: Workload, shapes: dict[str, PoolShape], cfg: SimConfig) -> list[Pool]:
+    """One :class:`Pool` per model of ``shapes``: ``cfg`` with the pool's instance counts."""
+    return [
+        Pool(model, *workload.by_model[model], shape.config(cfg)) for model, shape in shapes.items()
+    ]
