@@ -15,7 +15,7 @@ A pool's size is a :class:`PoolShape` (``4P+4D``, ``2P+2D+1B``: prefill, decode 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from conductor.core.errors import InvalidInput
@@ -155,18 +155,13 @@ def _check_pools(pools: Sequence[Pool]) -> None:
             raise InvalidInput("pools", pool.model, "every pool must have the same SLOs")
 
 
-def simulate_pools(
-    pools: Sequence[Pool], *, progress: Callable[[str], None] | None = None
-) -> PoolsResult:
-    """Simulate each pool on its own sub-trace (``progress(model)`` before each) and merge
-    the reports. Raises :class:`InvalidInput` for no pools, two pools for one model, a pool
-    without requests, or pools with different SLOs (the totals need one definition of a good
-    request)."""
+def simulate_pools(pools: Sequence[Pool]) -> PoolsResult:
+    """Simulate each pool on its own sub-trace and merge the reports. Raises
+    :class:`InvalidInput` for no pools, two pools for one model, a pool without requests, or
+    pools with different SLOs (the totals need one definition of a good request)."""
     _check_pools(pools)
     results: dict[str, SimResult] = {}
     for pool in pools:
-        if progress is not None:
-            progress(pool.model)
         results[pool.model] = simulate(pool.requests, pool.cfg, outputs=pool.outputs)
     return PoolsResult(results, _total(pools, results))
 
