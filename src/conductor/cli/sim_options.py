@@ -174,8 +174,9 @@ PoolOpt = Annotated[
         "--pool",
         metavar="MODEL=SHAPE",
         help="MODEL=SHAPE, e.g. a=4P+4D or b=2P+2D+1B (P prefill, D decode, B both): the pool"
-        " of instances of one model of the trace, repeated for each (default with several"
-        " models: --prefill/--decode/--both split equally over the models, by name)",
+        " of instances of one model of the trace (records without a model: 'default'), repeated"
+        " for each (default with several models: --prefill/--decode/--both split equally over"
+        " the models, by name)",
     ),
 ]
 
