@@ -20,11 +20,17 @@ from pathlib import Path
 from conductor.cli.sim_options import DEFAULT_TBT_SLO_MS, DEFAULTS, ClusterOptions, build_config
 from conductor.core.costmodel import DEFAULT_PRESET
 from conductor.sim.simulator import simulate
-from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
+from conductor.workload.trace import (
+    bundled_trace_path,
+    generated_tokens,
+    read_trace,
+    records_to_requests,
+)
 
 
 def run(
     requests: list,  # type: ignore[type-arg]
+    outputs: list[int],
     speed: float,
     n: int,
     delay_ms: float,
@@ -35,7 +41,7 @@ def run(
         DEFAULT_TBT_SLO_MS, DEFAULTS.seed, replicas=n, sync_delay_ms=delay_ms,
     )  # fmt: skip
     cfg = replace(build_config(o, DEFAULTS.policy), replica_stagger=stagger)
-    res = simulate(requests, cfg)
+    res = simulate(requests, cfg, outputs=outputs)
     s = res.summary
     return {
         "speed": speed,
@@ -61,17 +67,18 @@ def main() -> None:
     ap.add_argument("--json", dest="json_path", type=Path)
     args = ap.parse_args()
     records = read_trace(args.trace or bundled_trace_path(), limit=args.limit).records
+    outputs = generated_tokens(records)  # the trace's output lengths
     rows = []
     print(
         f"{'speed':>5} {'N':>3} {'D ms':>6} {'goodput':>8} {'ratio':>6} {'TTFT s':>7} {'ratio':>6}"
     )
     for speed in (float(x) for x in args.speeds.split(",")):
         requests = records_to_requests(records, speed=speed)
-        base = run(requests, speed, 1, 0.0)
+        base = run(requests, outputs, speed, 1, 0.0)
         rows.append(base)
         for n in (int(x) for x in args.replicas.split(",")):
             for d in (float(x) for x in args.delays_ms.split(",")):
-                r = base if n == 1 else run(requests, speed, n, d, not args.no_stagger)
+                r = base if n == 1 else run(requests, outputs, speed, n, d, not args.no_stagger)
                 if n > 1:
                     rows.append(r)
                 g = float(r["goodput_rps"]) / float(base["goodput_rps"])  # type: ignore[arg-type]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from conductor.cli.main import app
 from conductor.workload.synth import synthesize
-from conductor.workload.trace import write_trace
+from conductor.workload.trace import read_trace, split_by_model, write_trace
 
 runner = CliRunner()
 
@@ -266,3 +267,162 @@ def test_replica_options_are_named() -> None:
     r = runner.invoke(app, ["simulate", "--sync-delay-ms", "-1"])
     assert r.exit_code == 2
     assert r.stderr.startswith("error: invalid --sync-delay-ms=-1.0: must be >= 0")
+
+
+# --- Several models ----------------------------------------------------------------------------
+
+
+def _mixed(tmp_path: Path, n: int = 60) -> tuple[Path, dict[str, Path]]:
+    """A chat trace for models a (0.7) and b (0.3), and each model's sub-trace alone."""
+    records = synthesize("chat", requests=n, rate_rps=3.0, seed=4, models={"a": 0.7, "b": 0.3})
+    path = tmp_path / "mixed.jsonl"
+    write_trace(records, path)
+    subs = {}
+    for model, part in split_by_model(records).items():
+        subs[model] = tmp_path / f"{model}.jsonl"
+        write_trace(part, subs[model])
+    return path, subs
+
+
+def _json(args: list[str], out: Path) -> Any:
+    result = runner.invoke(app, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    for summary in data if isinstance(data, list) else [data]:
+        summary.pop("sim_wall_s", None)
+        for part in summary.get("per_model", {}).values():
+            part.pop("sim_wall_s")
+    return data
+
+
+def test_simulate_over_two_pools_equals_each_sub_trace_alone(tmp_path: Path) -> None:
+    mixed, subs = _mixed(tmp_path)
+    pools = ["--pool", "a=2P+1D", "--pool", "b=1P+1D"]
+    pooled = _json(["simulate", "--trace", str(mixed), *pools], tmp_path / "p.json")
+    alone = {
+        "a": _json(["simulate", "--trace", str(subs["a"]), "--prefill", "2", "--decode", "1"],
+                   tmp_path / "a.json"),
+        "b": _json(["simulate", "--trace", str(subs["b"]), "--prefill", "1", "--decode", "1"],
+                   tmp_path / "b.json"),
+    }  # fmt: skip
+    assert pooled["per_model"] == alone
+    assert pooled["pools"] == {"a": "2P+1D", "b": "1P+1D"}
+    assert (alone["a"]["requests"], alone["b"]["requests"], pooled["requests"]) == (42, 18, 60)
+    for key in ("completed", "rejected", "rejected_after_prefill", "preemptions"):
+        assert pooled[key] == alone["a"][key] + alone["b"][key], key
+    assert pooled["max_tokens"] == "none" and pooled["policy"] == "conductor"
+    # goodput over the whole trace's span; each pool's over its own sub-trace's
+    records = read_trace(mixed).records
+    span = (records[-1].timestamp_ms - records[0].timestamp_ms) / 1000
+    good = round(pooled["slo_attainment"] * 60)
+    assert pooled["goodput_rps"] == round(good / span, 6)
+    shown = runner.invoke(app, ["simulate", "--trace", str(mixed), *pools])
+    assert shown.exit_code == 0, shown.output
+    assert "│   a (2P+1D) " in shown.stdout and "│   b (1P+1D) " in shown.stdout
+
+
+def test_several_models_split_the_cluster_equally_by_name(tmp_path: Path) -> None:
+    mixed, _ = _mixed(tmp_path)
+    args = ["simulate", "--trace", str(mixed), "--prefill", "3", "--decode", "2", "--both", "1"]
+    data = _json(args, tmp_path / "s.json")
+    assert data["pools"] == {"a": "2P+1D+1B", "b": "1P+1D"}
+    given = ["simulate", "--trace", str(mixed), "--pool", "a=2P+1D+1B", "--pool", "b=1P+1D"]
+    assert _json(given, tmp_path / "g.json") == data
+
+
+def test_compare_and_capacity_report_every_model(tmp_path: Path) -> None:
+    mixed, _ = _mixed(tmp_path, 40)
+    pools = ["--pool", "a=1P+1D", "--pool", "b=1P+1D"]
+    md = tmp_path / "c.md"
+    args = ["compare", "--trace", str(mixed), *pools, "--policies", "mooncake", "--no-bundle"]
+    rows = _json([*args, "--markdown", str(md)], tmp_path / "c.json")
+    assert [set(r["per_model"]) for r in rows] == [{"a", "b"}]
+    for part in rows[0]["per_model"].values():
+        assert (part["bundle"], part["max_tokens"], part["policy"]) == (False, "none", "mooncake")
+    lines = md.read_text().splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:]] == [
+        "| mooncake (early)",
+        "|   a (1P+1D)",
+        "|   b (1P+1D)",
+    ]
+    cap = ["capacity", "--trace", str(mixed), *pools, "--policies", "mooncake"]
+    cap += ["--tbt-slos-ms", "100", "--bisect-steps", "1", "--ttft-slo-s", "2"]
+    (row,) = _json(cap, tmp_path / "cap.json")
+    assert row["pools"] == {"a": "1P+1D", "b": "1P+1D"}
+    cell = row["tbt_100ms"]
+    assert set(cell["per_model"]) == {"a", "b"} and cell["attainment"] >= 0.9
+    assert cell["rps"] == round(cell["speed"] * 40 / _span_s(mixed), 4)
+
+
+def _span_s(path: Path) -> float:
+    records = read_trace(path).records
+    return (records[-1].timestamp_ms - records[0].timestamp_ms) / 1000
+
+
+def test_load_plot_is_one_png_per_pool(tmp_path: Path) -> None:
+    mixed, _ = _mixed(tmp_path, 30)
+    png = tmp_path / "load.png"
+    args = ["simulate", "--trace", str(mixed), "--prefill", "2", "--decode", "2"]
+    result = runner.invoke(app, [*args, "--load-plot", str(png)])
+    assert result.exit_code == 0, result.output
+    for model in ("a", "b"):
+        assert (tmp_path / f"load.{model}.png").read_bytes()[:4] == b"\x89PNG"
+    assert not png.exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--pool", "a=2P+2D"],
+            "error: the trace names model 'b' but no --pool gives it one (pools: a);"
+            " add --pool b=SHAPE\n",
+        ),
+        (
+            ["--pool", "a=1P+1D", "--pool", "b=1P+1D", "--pool", "c=1B"],
+            "error: invalid --pool='c=1B': the trace has no request for model 'c'"
+            " (its models: a, b)\n",
+        ),
+        (
+            ["--pool", "a=1P+1D", "--pool", "b=1P+1D", "--decode", "3"],
+            "error: invalid --decode=3: not used with --pool (each --pool sizes its model's"
+            " pool)\n",
+        ),
+        (
+            ["--pool", "a=1P+1D", "--pool", "a=2P+2D"],
+            "error: invalid --pool='a=2P+2D': model 'a' has two pools\n",
+        ),
+        (
+            ["--pool", "a=1Q"],
+            "error: invalid --pool='a=1Q': must be like 4P+4D or 2P+2D+1B (counts of prefill,"
+            " decode, both instances)\n",
+        ),
+        (["--pool", "4P+4D"], "error: invalid --pool='4P+4D': must be MODEL=SHAPE, e.g. a=4P+4D\n"),
+        (
+            ["--prefill", "1", "--decode", "3"],
+            "error: 1P+3D split over 2 models leaves 'b' with 1D, which needs an instance that"
+            " prefills (P or B) and one that decodes (D or B); size each pool with --pool"
+            " MODEL=SHAPE\n",
+        ),
+    ],
+)
+def test_pool_errors_are_named(tmp_path: Path, extra: list[str], message: str) -> None:
+    mixed, _ = _mixed(tmp_path, 20)
+    for command in ("simulate", "compare", "capacity"):
+        r = runner.invoke(app, [command, "--trace", str(mixed), *extra])
+        assert r.exit_code == 2, (command, r.output)
+        assert r.stderr == message, command
+
+
+def test_one_model_is_one_cluster_unless_pooled(tmp_path: Path) -> None:
+    plain, named = tmp_path / "plain.jsonl", tmp_path / "named.jsonl"
+    write_trace(synthesize("chat", requests=30, rate_rps=2.0, seed=3), plain)
+    write_trace(synthesize("chat", requests=30, rate_rps=2.0, seed=3, models={"m": 1}), named)
+    cluster = ["--prefill", "2", "--decode", "1"]
+    base = _json(["simulate", "--trace", str(plain), *cluster], tmp_path / "p.json")
+    assert "per_model" not in base
+    assert _json(["simulate", "--trace", str(named), *cluster], tmp_path / "n.json") == base
+    pooled = ["simulate", "--trace", str(plain), "--pool", "default=2P+1D"]
+    data = _json(pooled, tmp_path / "d.json")
+    assert data["per_model"] == {"default": base} and data["pools"] == {"default": "2P+1D"}
+    assert {k: v for k, v in data.items() if k not in ("per_model", "pools")} == base

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from conductor.cli.main import app, main
 from conductor.cli.trace_cmd import trace_app
 from conductor.workload.synth import synthesize
-from conductor.workload.trace import write_trace
+from conductor.workload.trace import read_trace, write_trace
 
 runner = CliRunner()
 
@@ -51,6 +51,31 @@ def test_synth_options_reach_the_generator(tmp_path: Path) -> None:
     records = synthesize("mixed", requests=40, rate_rps=5.0, seed=9, block_size_tokens=256)
     write_trace(records, expected)
     assert out.read_bytes() == expected.read_bytes()
+
+
+def test_synth_models_and_mix_reach_the_generator(tmp_path: Path) -> None:
+    out = tmp_path / "two.jsonl"
+    args = ["trace", "synth", "--kind", "docqa", "--requests", "50", "--seed", "2"]
+    result = runner.invoke(
+        app, [*args, "--models", "big, small", "--mix", "3,1", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    records = synthesize("docqa", requests=50, rate_rps=2.0, seed=2, models={"big": 3, "small": 1})
+    expected = tmp_path / "expected.jsonl"
+    write_trace(records, expected)
+    assert out.read_bytes() == expected.read_bytes()
+    counts = {m: sum(1 for r in records if r.model == m) for m in ("big", "small")}
+    assert result.stdout.endswith(
+        f"; requests per model: big {counts['big']}, small {counts['small']}\n"
+    )
+    stats = runner.invoke(app, ["trace", "stats", str(out)])
+    assert stats.exit_code == 0, stats.output
+    assert f"\nrequests per model: big {counts['big']}, small {counts['small']}\n" in stats.stdout
+    equal = tmp_path / "equal.jsonl"
+    result = runner.invoke(app, [*args, "--models", "x,y", "--out", str(equal)])
+    assert result.exit_code == 0, result.output
+    same = synthesize("docqa", requests=50, rate_rps=2.0, seed=2, models={"x": 1, "y": 1})
+    assert read_trace(equal).records == same
 
 
 def test_stats_of_the_bundled_trace() -> None:
@@ -127,6 +152,30 @@ def test_stats_reports_the_bad_line_or_skips_it(tmp_path: Path) -> None:
         (
             ["--kind", "chat", "--block-size", "0"],
             "Invalid value for '--block-size': must be an integer > 0, got 0",
+        ),
+        (
+            ["--kind", "chat", "--models", "a,a,b"],
+            "Invalid value for --models: model names must be distinct, 'a' repeated in 'a,a,b'",
+        ),
+        (
+            ["--kind", "chat", "--models", "a,,b"],
+            "Invalid value for --models: model names must be non-empty, got 'a,,b'",
+        ),
+        (
+            ["--kind", "chat", "--models", "a,b", "--mix", "0.7"],
+            "Invalid value for --mix: 1 weight(s) in '0.7' for 2 model(s) in --models",
+        ),
+        (
+            ["--kind", "chat", "--models", "a,b", "--mix", "0.7,0"],
+            "Invalid value for --mix: every weight must be a finite number > 0, got '0.7,0'",
+        ),
+        (
+            ["--kind", "chat", "--models", "a,b", "--mix", "0.7,x"],
+            "Invalid value for --mix: not a list of numbers: '0.7,x'",
+        ),
+        (
+            ["--kind", "chat", "--mix", "1"],
+            "Invalid value for --mix: needs --models",
         ),
     ],
 )

@@ -11,7 +11,7 @@ import pytest
 from conductor.core.costmodel import LinearDecode, PolynomialPrefill, preset
 from conductor.core.errors import InvalidInput
 from conductor.core.types import Request, RequestId
-from conductor.sim import SimConfig, simulate
+from conductor.sim import SimConfig, max_tokens_outputs, simulate
 from conductor.sim.config import EngineConfig
 
 BASE = preset("llama3-70b-a800x8")
@@ -30,7 +30,11 @@ def test_a_short_prompt_does_not_wait_behind_a_long_one() -> None:
     """A 40k prompt takes 4096 tokens a step (the long-prefill cap); a 1k prompt arriving
     during its first step shares the second step and is done after it."""
     reqs = [_req(0, 0.0, 40_000, 1), _req(1, 0.001, 1000, 1)]
-    res = simulate(reqs, SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST))
+    res = simulate(
+        reqs,
+        SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST),
+        outputs=max_tokens_outputs(reqs),
+    )
     long, short = res.records
     step1 = P(4096, 0)
     step2 = F + (P(8192, 4096) - F) + (P(1000, 0) - F)
@@ -43,7 +47,9 @@ def test_a_short_prompt_does_not_wait_behind_a_long_one() -> None:
     # whole 8192-token budget each step and the short one waits for its last, short, chunk
     plain = EngineConfig(long_prefill_token_threshold=0)
     res0 = simulate(
-        reqs, SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST, engine=plain)
+        reqs,
+        SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST, engine=plain),
+        outputs=max_tokens_outputs(reqs),
     )
     long0, short0 = res0.records
     steps0 = [P(min(e + 8192, 40_000), e) for e in range(0, 40_000, 8192)]
@@ -62,7 +68,7 @@ def test_the_newest_request_is_preempted_and_its_tbt_shows_the_gap() -> None:
     reqs = [_req(i, 0.0, 32, 40) for i in range(3)]
     small = EngineConfig(kv_capacity_tokens=160)
     cfg = SimConfig(policy="round_robin", n_prefill=3, n_decode=1, cost=COST, engine=small)
-    res = simulate(reqs, cfg)
+    res = simulate(reqs, cfg, outputs=max_tokens_outputs(reqs))
     r0, r1, r2 = res.records
     assert [r.preemptions for r in res.records] == [0, 0, 1]
     assert res.summary["preemptions"] == 1
@@ -90,7 +96,7 @@ def test_a_partial_prefill_that_runs_out_of_blocks_preempts_the_newest() -> None
     )
     reqs = [_req(0, 0.0, 100, 1), _req(1, 0.0, 100, 1)]
     cfg = SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST, engine=small)
-    res = simulate(reqs, cfg)
+    res = simulate(reqs, cfg, outputs=max_tokens_outputs(reqs))
     a, b = res.records
     assert (a.preemptions, b.preemptions) == (0, 1)
     chunk = 1e-5  # per token beyond the first
@@ -111,7 +117,11 @@ def test_kv_transfers_into_one_decode_engine_share_its_nic() -> None:
     slow = COST.with_(transfer_bytes_per_s=prompt * kv / (2.0 - COST.transfer_latency_s))
     assert slow.transfer_s(prompt) == pytest.approx(2.0)
     reqs = [_req(0, 0.0, prompt, 3), _req(1, 0.0, prompt, 3)]
-    res = simulate(reqs, SimConfig(policy="round_robin", n_prefill=2, n_decode=1, cost=slow))
+    res = simulate(
+        reqs,
+        SimConfig(policy="round_robin", n_prefill=2, n_decode=1, cost=slow),
+        outputs=max_tokens_outputs(reqs),
+    )
     a, b = res.records
     assert (a.prefill, b.prefill, a.decode, b.decode) == (
         "prefill-0",
@@ -125,7 +135,11 @@ def test_kv_transfers_into_one_decode_engine_share_its_nic() -> None:
     # two decode engines (a per-request decode cost spreads them): two ingress NICs, no
     # waiting (the egresses differ too)
     spread = slow.with_(decode=LinearDecode(0.01, 1e-4, 0.0))
-    res2 = simulate(reqs, SimConfig(policy="round_robin", n_prefill=2, n_decode=2, cost=spread))
+    res2 = simulate(
+        reqs,
+        SimConfig(policy="round_robin", n_prefill=2, n_decode=2, cost=spread),
+        outputs=max_tokens_outputs(reqs),
+    )
     assert [r.decode for r in res2.records] == ["decode-0", "decode-1"]
     assert [r.decode_join_s for r in res2.records] == pytest.approx([2.0, 2.0])
 
@@ -137,7 +151,9 @@ def test_role_both_mixes_a_prefill_chunk_into_a_decode_step() -> None:
     pe = P(1000, 0)
     reqs = [_req(0, 0.0, 1000, 10), _req(1, pe + 0.025, 2000, 3)]
     res = simulate(
-        reqs, SimConfig(policy="round_robin", n_prefill=0, n_decode=0, n_both=1, cost=COST)
+        reqs,
+        SimConfig(policy="round_robin", n_prefill=0, n_decode=0, n_both=1, cost=COST),
+        outputs=max_tokens_outputs(reqs),
     )
     r0, r1 = res.records
     assert (r0.prefill, r0.decode, r1.prefill, r1.decode) == ("both-0",) * 4
@@ -155,7 +171,7 @@ def test_a_cost_bias_slows_the_engines_and_not_the_schedulers_model() -> None:
     the scheduler predicts with ``cost`` (no correction), so its predicted TTFT is half."""
     reqs = [_req(0, 0.0, 10_000, 1)]
     cfg = SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST, cost_bias=1.0)
-    (r,) = simulate(reqs, cfg).records
+    (r,) = simulate(reqs, cfg, outputs=max_tokens_outputs(reqs)).records
     steps = [P(min(e + 4096, 10_000), e) for e in range(0, 10_000, 4096)]
     assert r.ttft_s == pytest.approx(2 * sum(steps))
     assert r.predicted_ttft_s == pytest.approx(P(10_000, 0))

@@ -12,7 +12,7 @@ from conductor.core.config import SchedulerConfig
 from conductor.core.events import BlocksRemoved, BlocksStored
 from conductor.core.plan import Plan
 from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role, Tier
-from conductor.sim import SimConfig, simulate
+from conductor.sim import SimConfig, max_tokens_outputs, simulate
 from conductor.sim.cache import LruBlockCache
 from conductor.sim.events import (
     Arrival,
@@ -122,7 +122,7 @@ def test_a_run_pops_typed_events_in_time_then_seq_order(
     popped = _record_pops(monkeypatch)
     sched = SchedulerConfig(replication_enabled=True)
     cfg = SimConfig(policy=policy, n_prefill=3, n_decode=1, scheduler=sched, kv_event_delay_s=0.01)
-    res = simulate(reqs, cfg)
+    res = simulate(reqs, cfg, outputs=max_tokens_outputs(reqs))
     assert res.summary["completed"] == len(reqs)
     keys = [(t, seq) for t, seq, _ in popped]
     assert keys == sorted(keys) and len(set(keys)) == len(keys)

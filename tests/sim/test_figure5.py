@@ -4,15 +4,21 @@ mean TTFT random > load balancing > local cache-aware > global cache-aware (Algo
 from __future__ import annotations
 
 from conductor.sim import SimConfig, simulate
-from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
+from conductor.workload.trace import (
+    bundled_trace_path,
+    generated_tokens,
+    read_trace,
+    records_to_requests,
+)
 
 
 def test_figure5_ordering_on_trimmed_trace() -> None:
-    requests = records_to_requests(read_trace(bundled_trace_path(), limit=2000).records)
+    records = read_trace(bundled_trace_path(), limit=2000).records
+    requests, outputs = records_to_requests(records), generated_tokens(records)
     means = {}
     hits = {}
     for policy in ("random", "least_loaded", "cache_aware_local", "mooncake"):
-        s = simulate(requests, SimConfig(policy=policy)).summary
+        s = simulate(requests, SimConfig(policy=policy), outputs=outputs).summary
         means[policy] = s["ttft_s"]["mean"]  # type: ignore[index]
         hits[policy] = s["cache_hit_rate"]
     assert means["random"] > means["least_loaded"] > means["cache_aware_local"] > means["mooncake"]

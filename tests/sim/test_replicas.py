@@ -14,7 +14,12 @@ from conductor.core.types import InstanceId, Request, RequestId, Role
 from conductor.sim.config import SimConfig
 from conductor.sim.replicas import ReplicaSet, make_scheduler
 from conductor.sim.simulator import simulate
-from conductor.workload.trace import bundled_trace_path, read_trace, records_to_requests
+from conductor.workload.trace import (
+    bundled_trace_path,
+    generated_tokens,
+    read_trace,
+    records_to_requests,
+)
 from tests.core.helpers import LINEAR_COST, hashes
 
 
@@ -61,8 +66,9 @@ def test_views_catch_up_after_the_delay() -> None:
 def test_one_replica_is_the_plain_scheduler_and_n_replicas_account_for_all() -> None:
     cfg = SimConfig()
     assert type(make_scheduler(cfg)) is Scheduler
-    requests = records_to_requests(read_trace(bundled_trace_path(), limit=300).records)
-    one = simulate(requests, cfg).summary
-    four = simulate(requests, replace(cfg, replicas=4, sync_delay_s=0.01)).summary
+    records = read_trace(bundled_trace_path(), limit=300).records
+    requests, outputs = records_to_requests(records), generated_tokens(records)
+    one = simulate(requests, cfg, outputs=outputs).summary
+    four = simulate(requests, replace(cfg, replicas=4, sync_delay_s=0.01), outputs=outputs).summary
     assert four["requests"] == one["requests"] == 300
     assert four["completed"] + four["rejected"] == 300  # type: ignore[operator]

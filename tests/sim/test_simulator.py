@@ -1,13 +1,15 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import LinearDecode, PolynomialPrefill, preset
+from conductor.core.errors import InvalidInput
 from conductor.core.types import BlockHash, Request, RequestId
-from conductor.sim import SimConfig, simulate
+from conductor.sim import SimConfig, max_tokens_outputs, simulate
 from conductor.sim.cache import LruBlockCache
 from conductor.sim.config import EngineConfig
 
@@ -32,7 +34,7 @@ def test_md1_queue_matches_closed_form() -> None:
         reqs.append(_req(i, t, 100, (), out=1))
     one = EngineConfig(max_num_seqs=1)
     cfg = SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=cost, engine=one)
-    res = simulate(reqs, cfg)
+    res = simulate(reqs, cfg, outputs=max_tokens_outputs(reqs))
     mean_ttft = res.summary["ttft_s"]["mean"]  # type: ignore[index]
     assert mean_ttft == pytest.approx(1.5 * d, rel=0.04)
 
@@ -42,7 +44,11 @@ def test_two_requests_sharing_a_prefix_reuse_it() -> None:
         _req(0, 0.0, 2048, (1, 2, 3, 4)),
         _req(1, 10.0, 2560, (1, 2, 3, 4, 5)),
     ]
-    res = simulate(reqs, SimConfig(policy="mooncake", n_prefill=2, n_decode=1))
+    res = simulate(
+        reqs,
+        SimConfig(policy="mooncake", n_prefill=2, n_decode=1),
+        outputs=max_tokens_outputs(reqs),
+    )
     r0, r1 = res.records
     assert (r0.prefill, r1.prefill) == ("prefill-0", "prefill-0")
     assert r0.cached_tokens == 0
@@ -58,7 +64,11 @@ def test_remote_fetch_executes_and_replicates() -> None:
         _req(2, 5.0, 60_000, tuple(range(100, 218))),
         _req(1, 5.1, 2560, (1, 2, 3, 4, 5)),
     ]
-    res = simulate(reqs, SimConfig(policy="mooncake", n_prefill=2, n_decode=1))
+    res = simulate(
+        reqs,
+        SimConfig(policy="mooncake", n_prefill=2, n_decode=1),
+        outputs=max_tokens_outputs(reqs),
+    )
     _r0, r2, r1 = res.records
     assert r2.prefill == "prefill-0" and r1.prefill == "prefill-1"
     assert r1.fetched_tokens == 2048 and r1.local_tokens == 0
@@ -73,7 +83,11 @@ def test_decode_batches_and_tbt() -> None:
     except the first (KV hand-off tail + first step)."""
     cost = BASE.with_(decode=LinearDecode(0.05, 0.0, 0.0))
     reqs = [_req(0, 0.0, 512, (1,), out=21), _req(1, 0.0, 512, (2,), out=11)]
-    res = simulate(reqs, SimConfig(policy="round_robin", n_prefill=2, n_decode=1, cost=cost))
+    res = simulate(
+        reqs,
+        SimConfig(policy="round_robin", n_prefill=2, n_decode=1, cost=cost),
+        outputs=max_tokens_outputs(reqs),
+    )
     a, b = res.records
     assert a.finish_s is not None and b.finish_s is not None
     # both prefills end at the same time; 20 and 10 decode steps of 50 ms follow
@@ -92,8 +106,8 @@ def test_same_seed_same_result() -> None:
         _req(i, i * 0.3, 1100 + 37 * i, (0, 1000 + i, 2000 + i), out=5 + i % 7) for i in range(200)
     ]
     cfg = SimConfig(policy="random", n_prefill=3, n_decode=2, seed=11, prefill_noise=0.1)
-    a = simulate(reqs, cfg).summary
-    b = simulate(reqs, cfg).summary
+    a = simulate(reqs, cfg, outputs=max_tokens_outputs(reqs)).summary
+    b = simulate(reqs, cfg, outputs=max_tokens_outputs(reqs)).summary
     a.pop("sim_wall_s")
     b.pop("sim_wall_s")
     assert a == b
@@ -104,7 +118,9 @@ def test_baseline_admission_rejects_after_prefill() -> None:
     reqs = [_req(i, 0.0, 512, (i,), out=50) for i in range(8)]
     sched = SchedulerConfig(admission="baseline", tbt_slo_s=0.0825)
     res = simulate(
-        reqs, SimConfig(policy="round_robin", n_prefill=4, n_decode=1, cost=cost, scheduler=sched)
+        reqs,
+        SimConfig(policy="round_robin", n_prefill=4, n_decode=1, cost=cost, scheduler=sched),
+        outputs=max_tokens_outputs(reqs),
     )
     s = res.summary
     # step = 50 ms + 10 ms per request, x 1.1 for the first interval (k = 5): at most 2
@@ -140,7 +156,7 @@ def test_background_replication_copies_a_hot_prefix() -> None:
     def run(replication: bool):  # type: ignore[no-untyped-def]
         sched = SchedulerConfig(replication_enabled=replication)
         cfg = SimConfig(policy="sglang", n_prefill=3, n_decode=1, scheduler=sched)
-        return simulate(reqs, cfg)
+        return simulate(reqs, cfg, outputs=max_tokens_outputs(reqs))
 
     off, on = run(False), run(True)
     assert (off.copies, on.copies) == (0, 1)
@@ -153,12 +169,17 @@ def test_cpp_splits_a_long_prompt_and_lowers_its_ttft() -> None:
     n = 100_000
     blocks = tuple(range(1, -(-n // 512) + 1))
     reqs = [_req(0, 0.0, n, blocks, out=2)]
-    single = simulate(reqs, SimConfig(policy="conductor", n_prefill=4, n_decode=1))
+    single = simulate(
+        reqs,
+        SimConfig(policy="conductor", n_prefill=4, n_decode=1),
+        outputs=max_tokens_outputs(reqs),
+    )
     cpp = simulate(
         reqs,
         SimConfig(
             policy="conductor", n_prefill=4, n_decode=1, scheduler=SchedulerConfig(cpp_enabled=True)
         ),
+        outputs=max_tokens_outputs(reqs),
     )
     r1, r4 = single.records[0], cpp.records[0]
     assert r1.cpp_nodes == 1 and r4.cpp_nodes == 4
@@ -169,3 +190,21 @@ def test_cpp_splits_a_long_prompt_and_lowers_its_ttft() -> None:
     assert r4.ttft_s is not None and r1.ttft_s is not None
     assert r4.ttft_s < r1.ttft_s / 2.5
     assert r4.ttft_s == pytest.approx(r4.predicted_ttft_s)
+
+
+def test_output_lengths_are_explicit() -> None:
+    """No default output length: ``outputs`` is required, and ``max_tokens_outputs`` takes
+    them from ``max_tokens`` only when every request has one."""
+    reqs = [_req(0, 0.0, 512, (1,), out=7), _req(1, 0.1, 512, (2,), out=3)]
+    assert max_tokens_outputs(reqs) == [7, 3]
+    cfg = SimConfig(policy="round_robin", n_prefill=1, n_decode=1)
+    res = simulate(reqs, cfg, outputs=[2, 5])
+    assert [r.output_tokens for r in res.records] == [2, 5]
+    bare = [replace(reqs[0], max_tokens=None), reqs[1]]
+    with pytest.raises(InvalidInput) as caught:
+        max_tokens_outputs(bare)
+    assert (caught.value.field, caught.value.value) == ("requests[0].max_tokens", None)
+    with pytest.raises(InvalidInput, match="must be one per request"):
+        simulate(reqs, cfg, outputs=[1])
+    with pytest.raises(TypeError, match="outputs"):
+        simulate(reqs, cfg)  # type: ignore[call-arg]

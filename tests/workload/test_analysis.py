@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from conductor.core.errors import InvalidInput
@@ -97,3 +99,19 @@ def test_bundled_trace_global_lru_hit_rates(bundled_records: list[TraceRecord]) 
     assert lru_cache_hits(bundled_records, capacity_tokens=50_000_000).rate == pytest.approx(
         0.371, abs=0.001
     )
+
+
+def test_models_never_share_blocks() -> None:
+    """The same ids under two models are two models' blocks: no hit across, counted apart."""
+    records = [
+        TraceRecord(0, 1024, 1, (0, 1), model="a"),
+        TraceRecord(1, 1024, 1, (0, 1), model="b"),
+        TraceRecord(2, 1024, 1, (0, 1), model="a"),
+        TraceRecord(3, 1024, 1, (0, 1)),
+    ]
+    assert infinite_cache_hits(records) == HitRate(1024, 4096)
+    assert lru_cache_hits(records, capacity_tokens=1024) == HitRate(1024, 4096)
+    assert trace_stats(records).unique_blocks == 6
+    same = [replace(r, model=None) for r in records]
+    assert infinite_cache_hits(same) == HitRate(3072, 4096)
+    assert trace_stats(same).unique_blocks == 2

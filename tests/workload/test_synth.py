@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -211,4 +212,64 @@ def test_bad_parameters_name_the_field(make: object, field: str, why: str) -> No
     with pytest.raises(InvalidInput) as caught:
         make()  # type: ignore[operator]
     assert caught.value.field == field
+    assert why in caught.value.why
+
+
+# Several models: requests per model for seed 5, 300 requests at 2 req/s, weights 0.7/0.3.
+# A session is for one model, so the counts scatter around 210/90 by whole sessions (agent
+# sessions are long, so mixed scatters most).
+MODEL_COUNTS = {
+    "chat": {"a": 220, "b": 80},
+    "agent": {"a": 230, "b": 70},
+    "docqa": {"a": 204, "b": 96},
+    "mixed": {"a": 165, "b": 135},
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_models_get_their_share_and_never_share_a_block(kind: str) -> None:
+    records = synthesize(kind, requests=300, rate_rps=2.0, seed=5, models={"a": 0.7, "b": 0.3})
+    counts = {m: sum(1 for r in records if r.model == m) for m in ("a", "b")}
+    assert counts == MODEL_COUNTS[kind]
+    blocks = {m: {h for r in records if r.model == m for h in r.hash_ids} for m in ("a", "b")}
+    assert blocks["a"].isdisjoint(blocks["b"])
+    # within a model, prefixes are still shared (its own system prompts, tools, documents)
+    for model in ("a", "b"):
+        own = [r for r in records if r.model == model]
+        assert infinite_cache_hits(own).rate > 0.2, model
+
+
+def test_one_model_is_the_unnamed_trace_labelled() -> None:
+    plain = synthesize("mixed", requests=120, rate_rps=2.0, seed=4)
+    named = synthesize("mixed", requests=120, rate_rps=2.0, seed=4, models={"m": 2.5})
+    assert all(r.model is None for r in plain)
+    assert named == [replace(r, model="m") for r in plain]
+
+
+def test_equal_weights_and_model_order() -> None:
+    records = synthesize("chat", requests=200, rate_rps=2.0, seed=2, models={"x": 1, "y": 1})
+    assert {r.model for r in records} == {"x", "y"}
+    swapped = synthesize("chat", requests=200, rate_rps=2.0, seed=2, models={"y": 1, "x": 1})
+    assert swapped != records  # shared content is drawn per model in the given order
+    again = synthesize("chat", requests=200, rate_rps=2.0, seed=2, models={"x": 1, "y": 1})
+    assert again == records
+
+
+@pytest.mark.parametrize(
+    ("models", "value", "why"),
+    [
+        ({}, {}, "must name at least one model"),
+        ({"": 1.0}, "", "non-empty"),
+        ({"  ": 1.0}, "  ", "non-empty"),
+        ({"a": 0.0}, 0.0, "weight of model 'a' must be a finite number > 0"),
+        ({"a": 1.0, "b": -1.0}, -1.0, "weight of model 'b'"),
+        ({"a": math.inf}, math.inf, "finite"),
+        ({"a": True}, True, "finite number"),
+    ],
+)
+def test_bad_models_are_named(models: dict[str, float], value: object, why: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        synthesize("chat", requests=10, rate_rps=1.0, seed=0, models=models)
+    assert caught.value.field == "models"
+    assert caught.value.value == value
     assert why in caught.value.why

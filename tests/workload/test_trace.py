@@ -23,9 +23,10 @@ from conductor.workload.trace import (
     generated_tokens,
     read_trace,
     records_to_requests,
+    split_by_model,
     write_trace,
 )
-from conductor.workload.trace_format import TraceError, TraceRecord
+from conductor.workload.trace_format import DEFAULT_MODEL, TraceError, TraceRecord, format_line
 
 GOOD_1 = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}'
 GOOD_2 = '{"timestamp": 30, "input_length": 512, "output_length": 0, "hash_ids": [0]}'
@@ -421,3 +422,56 @@ def test_records_to_requests_checks_block_counts() -> None:
     assert records_to_requests(records[1:], block_size_tokens=600)[0].prompt_tokens == 600
     with pytest.raises(InvalidInput, match="block_size_tokens"):
         records_to_requests(records, block_size_tokens=0)
+
+
+# --- Models ----------------------------------------------------------------------------------
+
+
+def test_model_field_is_read_in_both_forms_and_absent_means_the_default() -> None:
+    token_line = json.dumps({"timestamp": 40, "prompt_token_ids": [5, 6], "output_length": 1})
+    token_line = token_line[:-1] + ', "model": "b"}'
+    text = "\n".join([GOOD_1, GOOD_2[:-1] + ', "model": "a"}', token_line])
+    records = read_text(text).records
+    assert [r.model for r in records] == [None, "a", "b"]
+    assert [r.model_name for r in records] == [DEFAULT_MODEL, "a", "b"]
+    assert records[1] == TraceRecord(30, 512, 0, (0,), line_no=2, model="a")
+    assert records[2].hash_ids == reference_chain([5, 6])
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [('""', '""'), ("null", "null"), ("7", "7"), ('["a"]', "a list")],
+)
+def test_bad_model_names_line_and_field(value: str, shown: str) -> None:
+    with pytest.raises(TraceError) as caught:
+        read_text("\n".join([GOOD_1, GOOD_2[:-1] + f', "model": {value}}}']))
+    why = f"must be a non-empty string (or absent: the default model), got {shown}"
+    assert str(caught.value) == f"line 2: field 'model': {why}"
+
+
+@pytest.mark.parametrize("name", ["m.jsonl", "m.jsonl.gz"])
+def test_model_round_trips_and_comes_last(tmp_path: Path, name: str) -> None:
+    records = [
+        TraceRecord(0, 600, 5, (0, 1), line_no=1, model="llama-8b"),
+        TraceRecord(30, 512, 0, (0,), line_no=2),
+        TraceRecord(31, 10, 2, (0,), line_no=3, model="meta/llama=70b"),
+    ]
+    path = tmp_path / name
+    write_trace(records, path)
+    assert read_trace(path).records == records
+    assert format_line(records[0]) == (
+        '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1],'
+        ' "model": "llama-8b"}\n'
+    )
+    assert format_line(records[1]) == GOOD_2 + "\n"  # no model: the plain Mooncake line
+
+
+def test_split_by_model_keeps_order_within_and_first_appearance_across() -> None:
+    a1, d, a2, b = (
+        TraceRecord(0, 1, 1, (0,), model="a"),
+        TraceRecord(1, 1, 1, (1,)),
+        TraceRecord(2, 1, 1, (2,), model="a"),
+        TraceRecord(3, 1, 1, (3,), model="b"),
+    )
+    assert split_by_model([a1, d, a2, b]) == {"a": [a1, a2], DEFAULT_MODEL: [d], "b": [b]}
+    assert split_by_model([]) == {}

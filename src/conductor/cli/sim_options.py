@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -21,6 +21,7 @@ from conductor.core.errors import ConductorError, InvalidInput
 from conductor.core.policies import check_policy, policy_config_defaults
 from conductor.core.types import Request
 from conductor.sim.config import EngineConfig, SimConfig
+from conductor.sim.pools import PoolShape
 from conductor.workload.max_tokens import NO_MAX_TOKENS, MaxTokens
 from conductor.workload.trace import (
     bundled_trace_path,
@@ -28,7 +29,7 @@ from conductor.workload.trace import (
     read_trace,
     records_to_requests,
 )
-from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS
+from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS, TraceRecord
 
 DEFAULTS = SimConfig()
 """The defaults of every option that sets a :class:`SimConfig` field."""
@@ -37,8 +38,6 @@ LOAD_SAMPLE_EVERY_S = 10.0
 """How often ``simulate --load-plot`` samples the load."""
 REPLICA_SAMPLE_EVERY_S = 30.0
 """How often ``simulate --load-plot`` samples the replicas of popular blocks."""
-COMPARE_ADMISSION = "early"
-"""The admission mode ``compare`` and ``capacity`` run every policy under by default."""
 
 FLAGS = {
     "policy": "--policy",
@@ -169,6 +168,17 @@ SyncDelayOpt = Annotated[
     float,
     typer.Option("--sync-delay-ms", help="how late replicas see each other's reservations"),
 ]
+PoolOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--pool",
+        metavar="MODEL=SHAPE",
+        help="MODEL=SHAPE, e.g. a=4P+4D or b=2P+2D+1B (P prefill, D decode, B both): the pool"
+        " of instances of one model of the trace (records without a model: 'default'), repeated"
+        " for each (default with several models: --prefill/--decode/--both split equally over"
+        " the models, by name)",
+    ),
+]
 
 
 def fail(message: str) -> typer.Exit:
@@ -194,6 +204,19 @@ def load_requests(
 ) -> tuple[list[Request], list[int]]:
     """The trace's requests (with ``max_tokens`` as ``--max-tokens`` says) and the number
     of tokens each will really generate (the simulator's ground truth)."""
+    path, records = load_records(trace, limit, speed, skip_invalid, block_size_tokens)
+    return to_requests(path, records, speed, max_tokens, block_size_tokens)
+
+
+def load_records(
+    trace: Path | None,
+    limit: int | None,
+    speed: float,
+    skip_invalid: bool,
+    block_size_tokens: int = DEFAULT_BLOCK_SIZE_TOKENS,
+) -> tuple[Path, list[TraceRecord]]:
+    """The trace file read (``--trace``, default the bundled trace) and its valid records;
+    a bad option, file or line exits with an error naming it (``speed`` is only checked)."""
     if speed <= 0:
         raise typer.BadParameter(f"must be > 0, got {speed}", param_hint="--speed")
     if limit is not None and limit <= 0:
@@ -205,60 +228,30 @@ def load_requests(
         result = read_trace(
             path, limit=limit, skip_invalid=skip_invalid, block_size_tokens=block_size_tokens
         )
-        if result.skipped:
-            typer.echo(f"skipped {len(result.skipped)} invalid line(s)", err=True)
-        if not result.records:
-            raise fail(f"trace {path} has no valid requests")
-        requests = records_to_requests(
-            result.records, speed=speed, max_tokens=max_tokens, block_size_tokens=block_size_tokens
-        )
-        return requests, generated_tokens(result.records, max_tokens)
     except ConductorError as exc:
         raise fail(f"{path}: {exc}") from None
+    if result.skipped:
+        typer.echo(f"skipped {len(result.skipped)} invalid line(s)", err=True)
+    if not result.records:
+        raise fail(f"trace {path} has no valid requests")
+    return path, result.records
 
 
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One row of ``compare`` / ``capacity``: a policy under an admission mode and a CPP
-    setting (None: the policy's own bundle, ``bundle`` True)."""
-
-    policy: str
-    admission: str | None
-    cpp: bool | None
-    bundle: bool = False
-
-    @property
-    def label(self) -> str:
-        if self.bundle:
-            own = policy_config_defaults(self.policy)
-            parts = [str(own.get("admission", DEFAULTS.scheduler.admission))]
-            if own.get("cpp_enabled", DEFAULTS.scheduler.cpp_enabled):
-                parts.append("cpp")
-            return f"{self.policy} (own bundle: {'+'.join(parts)})"
-        return f"{self.policy} ({self.admission}{', cpp' if self.cpp else ''})"
-
-
-def footing(
-    names: list[str], modes: list[str | None], cpp: bool | None, *, bundle: bool
-) -> list[Row]:
-    """Equal footing: every policy under each of ``modes`` (None: :data:`COMPARE_ADMISSION`)
-    and one CPP setting (None: the config's default, off); with ``bundle``, one extra row
-    per policy whose own defaults (``config_defaults``, e.g. ``conductor``'s early + CPP)
-    differ from every row it already has."""
-    same_cpp = DEFAULTS.scheduler.cpp_enabled if cpp is None else cpp
-    rows = [Row(n, m or COMPARE_ADMISSION, same_cpp) for n in names for m in modes]
-    if bundle:
-        for n in names:
-            own = policy_config_defaults(n)
-            if not own:
-                continue
-            mine = (
-                str(own.get("admission", DEFAULTS.scheduler.admission)),
-                bool(own.get("cpp_enabled", DEFAULTS.scheduler.cpp_enabled)),
-            )
-            if all((r.admission, r.cpp) != mine for r in rows if r.policy == n):
-                rows.append(Row(n, None, None, bundle=True))
-    return rows
+def to_requests(
+    path: Path,
+    records: list[TraceRecord],
+    speed: float,
+    max_tokens: MaxTokens,
+    block_size_tokens: int = DEFAULT_BLOCK_SIZE_TOKENS,
+) -> tuple[list[Request], list[int]]:
+    """``records`` (read from ``path``) as requests ``r0, r1, ...`` and what each generates."""
+    try:
+        requests = records_to_requests(
+            records, speed=speed, max_tokens=max_tokens, block_size_tokens=block_size_tokens
+        )
+    except ConductorError as exc:
+        raise fail(f"{path}: {exc}") from None
+    return requests, generated_tokens(records, max_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +284,8 @@ class ClusterOptions:
     """From ``--cost-file``; None: the preset ``preset_name``."""
     replicas: int = DEFAULTS.replicas
     sync_delay_ms: float = DEFAULTS.sync_delay_s * 1e3
+    pools: tuple[tuple[str, PoolShape], ...] = ()
+    """From ``--pool``: each model's pool, in the order given (empty: none given)."""
 
 
 def build_config(
@@ -346,17 +341,4 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         oracle_lengths=o.oracle_lengths,
         load_sample_every_s=LOAD_SAMPLE_EVERY_S if load_plot else 0.0,
         replica_sample_every_s=REPLICA_SAMPLE_EVERY_S if load_plot else 0.0,
-    )
-
-
-def print_extras(summary: dict[str, Any]) -> None:
-    """The one-line extras ``simulate`` prints under its table."""
-    by = summary["ttft_by_prompt_s"]
-    parts = [
-        f"{k}: {v['mean']:.2f}s" if v["mean"] is not None else f"{k}: -" for k, v in by.items()
-    ]
-    typer.echo(
-        f"mean TTFT by prompt length: {', '.join(parts)}; CPP requests: {summary['cpp_requests']};"
-        f" wasted prefill: {summary['wasted_prefill_s']:.0f}s;"
-        f" preemptions: {summary['preemptions']}"
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +14,7 @@ from conductor.sim.config import CACHE_CAPACITY_TOKENS
 from conductor.workload.analysis import infinite_cache_hits, lru_cache_hits, trace_stats
 from conductor.workload.synth import KINDS, synthesize
 from conductor.workload.trace import bundled_trace_path, read_trace, write_trace
-from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS
+from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS, TraceRecord
 
 __all__ = ["trace_app"]
 
@@ -54,6 +55,49 @@ def _positive_rate(value: float) -> float:
     return value
 
 
+def _models(models: str | None, mix: str | None) -> dict[str, float] | None:
+    """``--models a,b`` with ``--mix 0.7,0.3`` (default: equal weights) as name -> weight;
+    a bad value exits naming the flag and the value."""
+    if models is None:
+        if mix is not None:
+            raise typer.BadParameter("needs --models", param_hint="--mix")
+        return None
+    names = [name.strip() for name in models.split(",")]
+    for name in names:
+        if not name:
+            raise typer.BadParameter(
+                f"model names must be non-empty, got {models!r}", param_hint="--models"
+            )
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise typer.BadParameter(
+            f"model names must be distinct, {', '.join(map(repr, repeated))} repeated in"
+            f" {models!r}",
+            param_hint="--models",
+        )
+    if mix is None:
+        return dict.fromkeys(names, 1.0)
+    try:
+        weights = [float(weight) for weight in mix.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"not a list of numbers: {mix!r}", param_hint="--mix") from None
+    if len(weights) != len(names):
+        raise typer.BadParameter(
+            f"{len(weights)} weight(s) in {mix!r} for {len(names)} model(s) in --models",
+            param_hint="--mix",
+        )
+    if not all(math.isfinite(w) and w > 0 for w in weights):
+        raise typer.BadParameter(
+            f"every weight must be a finite number > 0, got {mix!r}", param_hint="--mix"
+        )
+    return dict(zip(names, weights, strict=True))
+
+
+def _per_model(records: list[TraceRecord]) -> str:
+    counts = Counter(record.model_name for record in records)
+    return ", ".join(f"{name} {counts[name]}" for name in sorted(counts))
+
+
 def _fail(message: str) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code=1)
@@ -79,8 +123,20 @@ def synth(
     block_size: Annotated[
         int, typer.Option(callback=_positive_int, help="Tokens per hashed block.")
     ] = DEFAULT_BLOCK_SIZE_TOKENS,
+    models: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated model names: each session (and its requests) is for one,"
+            " with its own prefixes (default: no model field)."
+        ),
+    ] = None,
+    mix: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated weights of --models' names (default: equal)."),
+    ] = None,
 ) -> None:
     """Write a synthetic workload and print a one-line summary."""
+    weights = _models(models, mix)
     try:
         records = synthesize(
             kind,
@@ -88,6 +144,7 @@ def synth(
             rate_rps=rate,
             seed=seed,
             block_size_tokens=block_size,
+            models=weights,
         )
         write_trace(records, out)
     except ConductorError as exc:
@@ -101,6 +158,7 @@ def synth(
         f"mean input {stats.input_mean_tokens:.1f} tokens, "
         f"mean output {stats.output_mean_tokens:.1f} tokens, "
         f"infinite-cache prefix hit rate {hits.rate:.1%}"
+        + (f"; requests per model: {_per_model(records)}" if weights is not None else "")
     )
 
 
@@ -143,6 +201,9 @@ def stats(
         f"skipped lines: {len(result.skipped)}" if skip_invalid else None,
         f"time span: {summary.span_s:.1f} s",
         f"mean rate: {rate}",
+        f"requests per model: {_per_model(records)}"
+        if any(record.model is not None for record in records)
+        else None,
         f"input tokens: mean {summary.input_mean_tokens:.1f}, "
         f"median {_tokens(summary.input_median_tokens)}, max {summary.input_max_tokens}",
         f"output tokens: mean {summary.output_mean_tokens:.1f}",

@@ -7,6 +7,6 @@ granularity) and reports per-request TTFT / TBT and the cluster-level metrics.
 """
 
 from conductor.sim.config import SimConfig
-from conductor.sim.simulator import SimResult, simulate
+from conductor.sim.simulator import SimResult, max_tokens_outputs, simulate
 
-__all__ = ["SimConfig", "SimResult", "simulate"]
+__all__ = ["SimConfig", "SimResult", "max_tokens_outputs", "simulate"]

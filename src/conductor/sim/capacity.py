@@ -34,7 +34,7 @@ def find_capacity(
     requests: Sequence[Request],
     cfg: SimConfig,
     *,
-    outputs: Sequence[int] | None = None,
+    outputs: Sequence[int],
     target: float = 0.9,
     bisect_steps: int = 4,
     max_speed: float = 16.0,
@@ -43,12 +43,38 @@ def find_capacity(
 ) -> CapacityPoint:
     """Largest speed with attainment >= ``target`` for ``cfg`` (its SLOs and policy);
     ``outputs``: what each request generates (see :func:`~conductor.sim.simulator.simulate`)."""
+
+    def attainment(speed: float) -> float:
+        return simulate(scale_arrivals(requests, speed), cfg, outputs=outputs).slo_attainment
+
+    return search_capacity(
+        attainment,
+        cfg,
+        target=target,
+        bisect_steps=bisect_steps,
+        max_speed=max_speed,
+        min_speed=min_speed,
+        on_run=on_run,
+    )
+
+
+def search_capacity(
+    run: Callable[[float], float],
+    cfg: SimConfig,
+    *,
+    target: float = 0.9,
+    bisect_steps: int = 4,
+    max_speed: float = 16.0,
+    min_speed: float = 1 / 16,
+    on_run: Callable[[float, float], None] | None = None,
+) -> CapacityPoint:
+    """The search of :func:`find_capacity` over ``run(speed)`` -> SLO attainment (each speed
+    run once); ``cfg`` names the policy and the TBT SLO of the point."""
     cache: dict[float, float] = {}
 
     def attainment(speed: float) -> float:
         if speed not in cache:
-            res = simulate(scale_arrivals(requests, speed), cfg, outputs=outputs)
-            cache[speed] = res.slo_attainment
+            cache[speed] = run(speed)
             if on_run is not None:
                 on_run(speed, cache[speed])
         return cache[speed]

@@ -100,12 +100,10 @@ class _Simulation:
     engines and the two sides that drive them. Every event is handled at its time, in
     ``(time, seq)`` order."""
 
-    def __init__(
-        self, requests: Sequence[Request], cfg: SimConfig, outputs: Sequence[int] | None
-    ) -> None:
+    def __init__(self, requests: Sequence[Request], cfg: SimConfig, outputs: Sequence[int]) -> None:
         self.cfg = cfg
         self.requests = requests
-        generated = list(outputs) if outputs is not None else [r.max_tokens or 1 for r in requests]
+        generated = list(outputs)
         if len(generated) != len(requests):
             raise InvalidInput(
                 "outputs", len(generated), f"must be one per request ({len(requests)})"
@@ -202,16 +200,30 @@ class _Simulation:
         self.replica_samples.append((t, counts))
 
 
+def max_tokens_outputs(requests: Sequence[Request]) -> list[int]:
+    """Each request's ``max_tokens``, as what it generates; :class:`InvalidInput` naming the
+    first request without one (there is no default output length)."""
+    out: list[int] = []
+    for i, r in enumerate(requests):
+        if r.max_tokens is None:
+            why = "has no max_tokens: give simulate() the output lengths"
+            raise InvalidInput(f"requests[{i}].max_tokens", None, why)
+        out.append(r.max_tokens)
+    return out
+
+
 def simulate(
     requests: Sequence[Request],
     cfg: SimConfig,
     *,
-    outputs: Sequence[int] | None = None,
+    outputs: Sequence[int],
     progress: Progress | None = None,
 ) -> SimResult:
     """Replay ``requests`` (sorted by arrival) through a cluster built from ``cfg``;
-    request ``i`` generates ``outputs[i]`` tokens (default: its ``max_tokens``, 1 without).
-    The scheduler never sees ``outputs`` unless ``cfg.oracle_lengths``."""
+    request ``i`` generates ``outputs[i]`` tokens (a trace's lengths:
+    :func:`conductor.workload.trace.generated_tokens`; requests that generate exactly their
+    ``max_tokens``: :func:`max_tokens_outputs`). The scheduler never sees ``outputs`` unless
+    ``cfg.oracle_lengths``."""
     t0 = time.perf_counter()
     sim = _Simulation(requests, cfg, outputs)
     sim.run(progress)

@@ -40,6 +40,7 @@ __all__ = [
     "generated_tokens",
     "read_trace",
     "records_to_requests",
+    "split_by_model",
     "write_trace",
 ]
 
@@ -172,6 +173,15 @@ def generated_tokens(
     """What a simulated engine generates for each record (the trace's output length, capped
     by ``cap:N``), in order: the simulator's ground truth, never shown to the scheduler."""
     return [max_tokens.generated(r.output_length) for r in records]
+
+
+def split_by_model(records: Iterable[TraceRecord]) -> dict[str, list[TraceRecord]]:
+    """``records`` per model (:attr:`TraceRecord.model_name`: records without a model are
+    the default model's), models in order of first appearance, records in the given order."""
+    out: dict[str, list[TraceRecord]] = {}
+    for record in records:
+        out.setdefault(record.model_name, []).append(record)
+    return out
 
 
 def write_trace(records: Iterable[TraceRecord], path: str | os.PathLike[str]) -> None:

@@ -18,6 +18,12 @@ are ignored):
   so both forms satisfy the same length invariant. ``input_length`` may be given too, but must
   equal ``len(prompt_token_ids)``; ``hash_ids`` may not.
 
+Either form may name the request's model: ``"model": "llama-8b"`` (a non-empty string). A
+record without one is for the default model (:data:`DEFAULT_MODEL` where a name is needed),
+so single-model traces need no such key; ``conductor simulate`` replays a trace naming several
+models over one pool per model (docs/simulator.md, "Several models"). Two models' ``hash_ids``
+name different blocks even when the numbers are equal: a model's blocks live in its own pool.
+
 Validation: every field must be a non-negative integer (``input_length`` must be positive: an
 empty prompt is invalid), ``hash_ids`` ids lie in ``[0, 2**64)``. A bad line raises
 :class:`TraceError`, whose message names the 1-based line number and the field, e.g.
@@ -39,6 +45,7 @@ from conductor.core.errors import InvalidInput
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE_TOKENS",
+    "DEFAULT_MODEL",
     "TraceError",
     "TraceRecord",
     "blocks_needed",
@@ -49,6 +56,8 @@ __all__ = [
 
 DEFAULT_BLOCK_SIZE_TOKENS = 512
 """Mooncake's block size: ``hash_ids`` cover blocks of this many tokens."""
+DEFAULT_MODEL = "default"
+"""The name of the model of records without a ``model`` key (pools and reports use it)."""
 
 _MAX_HASH_ID = 2**64  # exclusive
 _MAX_TOKEN_ID = 2**32  # exclusive: token ids are hashed as little-endian uint32
@@ -67,6 +76,7 @@ class TraceRecord:
     Invariant (checked by :func:`parse_line`): ``input_length >= 1``, ``output_length >= 0``,
     ``timestamp_ms >= 0`` and ``len(hash_ids) == ceil(input_length / block_size_tokens)``.
     ``line_no`` is the 1-based line the record came from (0 when it was not read from a file).
+    ``model``: the model the request is for (None: the default model, no ``model`` key).
     """
 
     timestamp_ms: int
@@ -74,6 +84,12 @@ class TraceRecord:
     output_length: int
     hash_ids: tuple[int, ...]
     line_no: int = 0
+    model: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        """``model``, or :data:`DEFAULT_MODEL` for a record without one."""
+        return DEFAULT_MODEL if self.model is None else self.model
 
 
 class TraceError(InvalidInput):
@@ -98,6 +114,7 @@ class _MooncakeLine(msgspec.Struct):
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    model: str | msgspec.UnsetType = msgspec.UNSET
 
 
 _FAST_DECODER = msgspec.json.Decoder(_MooncakeLine)
@@ -210,7 +227,19 @@ def _parse_slow(line: bytes, line_no: int, block_size_tokens: int) -> TraceRecor
         obj, "output_length", line_no, minimum=0, what="a non-negative integer"
     )
     _check_block_count(line_no, input_length, hash_ids, block_size_tokens)
-    return TraceRecord(timestamp, input_length, output_length, hash_ids, line_no)
+    return TraceRecord(
+        timestamp, input_length, output_length, hash_ids, line_no, _model_field(obj, line_no)
+    )
+
+
+def _model_field(obj: dict[str, object], line_no: int) -> str | None:
+    if "model" not in obj:
+        return None
+    value = obj["model"]
+    if not isinstance(value, str) or not value:
+        why = f"must be a non-empty string (or absent: the default model), got {_describe(value)}"
+        raise TraceError(line_no, "model", value, why)
+    return value
 
 
 def _check_block_count(
@@ -237,25 +266,25 @@ def parse_line(line: bytes, line_no: int, block_size_tokens: int) -> TraceRecord
         or fast.output_length < 0
         or len(fast.hash_ids) != blocks_needed(fast.input_length, block_size_tokens)
         or (fast.hash_ids and (min(fast.hash_ids) < 0 or max(fast.hash_ids) >= _MAX_HASH_ID))
+        or fast.model == ""
     ):
         return _parse_slow(line, line_no, block_size_tokens)
+    model = None if isinstance(fast.model, msgspec.UnsetType) else fast.model
     return TraceRecord(
-        fast.timestamp, fast.input_length, fast.output_length, fast.hash_ids, line_no
+        fast.timestamp, fast.input_length, fast.output_length, fast.hash_ids, line_no, model
     )
 
 
 def format_line(record: TraceRecord) -> str:
     """``record`` as one Mooncake JSONL line (newline included), with Mooncake's key order and
     separators (a read/write round trip of the conversation trace reproduces it byte for
-    byte)."""
-    return (
-        json.dumps(
-            {
-                "timestamp": record.timestamp_ms,
-                "input_length": record.input_length,
-                "output_length": record.output_length,
-                "hash_ids": list(record.hash_ids),
-            }
-        )
-        + "\n"
-    )
+    byte); a record's ``model`` comes last, and only when it has one."""
+    line: dict[str, object] = {
+        "timestamp": record.timestamp_ms,
+        "input_length": record.input_length,
+        "output_length": record.output_length,
+        "hash_ids": list(record.hash_ids),
+    }
+    if record.model is not None:
+        line["model"] = record.model
+    return json.dumps(line) + "\n"
