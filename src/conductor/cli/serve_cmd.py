@@ -20,6 +20,7 @@ import typer
 
 from conductor.cli import cluster_serve
 from conductor.cli.serve_config import DEFAULTS, ServeSettings, build_settings
+from conductor.cli.serve_models import ModelSettings
 from conductor.core.costmodel import PRESETS
 from conductor.core.errors import ConductorError
 from conductor.core.policies import policy_names
@@ -32,18 +33,19 @@ SHUTDOWN_GRACE_S = 10.0
 log = logging.getLogger("conductor.serve")
 
 
-def build_conductor(settings: ServeSettings) -> Scheduler:
-    """The scheduler for the gateway: requests placed on a ``both`` engine decode there; a
-    replica (sharing its reservations) with ``--cluster``."""
+def build_conductor(settings: ServeSettings | ModelSettings) -> Scheduler:
+    """A scheduler for the gateway (of one model, with several): requests placed on a
+    ``both`` engine decode there; a replica (sharing its reservations) with ``--cluster``."""
     conductor: Scheduler
-    if settings.cluster is None:
+    cluster = settings.cluster if isinstance(settings, ServeSettings) else None
+    if cluster is None:
         conductor = Scheduler(settings.cost, policy=settings.policy, config=settings.scheduler)
     else:
         conductor = ReplicaScheduler(
             settings.cost,
             policy=settings.policy,
             config=settings.scheduler,
-            stagger=cluster_serve.stagger(settings.cluster.replica_id),
+            stagger=cluster_serve.stagger(cluster.replica_id),
         )
     conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
     return conductor
@@ -64,11 +66,18 @@ def run_server(settings: ServeSettings, reuse_port: bool = False) -> None:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call
-    tokenizer = HfTokenizer.load(settings.model_path)
-    if settings.cluster is not None:
-        settings = replace(settings, cluster=cluster_serve.replica_id(settings.cluster))
-    conductor = build_conductor(settings)
-    gateway = Gateway(settings.gateway, conductor, tokenizer)
+    if settings.models:  # several: a scheduler and a tokenizer each
+        pools = {
+            m.model.name: (build_conductor(m), HfTokenizer.load(m.path)) for m in settings.models
+        }
+        gateway = Gateway(settings.gateway, pools=pools)
+        conductor = gateway.conductor
+    else:
+        tokenizer = HfTokenizer.load(settings.model_path)
+        if settings.cluster is not None:
+            settings = replace(settings, cluster=cluster_serve.replica_id(settings.cluster))
+        conductor = build_conductor(settings)
+        gateway = Gateway(settings.gateway, conductor, tokenizer)
     host, port = settings.gateway.host, settings.gateway.port
     lifespan = app.lifespan(gateway)
     if settings.cluster is not None:
@@ -118,7 +127,8 @@ def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve_cmd(
         config: Annotated[
-            Path | None, typer.Option("--config", help="TOML file: [gateway] and [[engines]]")
+            Path | None,
+            typer.Option("--config", help="TOML file: [gateway], [[engines]], [[models]]"),
         ] = None,
         engine: Annotated[
             list[str] | None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from conductor.core.checks import check_at_least, check_port, check_positive
@@ -303,7 +304,7 @@ class GatewayConfig:
     models: tuple[ModelConfig, ...] = ()
 
     @classmethod
-    def for_models(cls, models: tuple[ModelConfig, ...], **values: object) -> GatewayConfig:
+    def for_models(cls, models: tuple[ModelConfig, ...], **values: Any) -> GatewayConfig:
         """Several models (at least one); ``values``: the other fields."""
         if not models:
             raise InvalidInput("models", [], "none given")
@@ -313,7 +314,7 @@ class GatewayConfig:
             max_model_len=first.max_model_len,
             block_size_tokens=first.block_size_tokens,
             models=models,
-            **values,  # type: ignore[arg-type]
+            **values,
         )
 
     @property
