@@ -14,7 +14,7 @@ import json
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -27,6 +27,9 @@ from conductor.core.policies import policy_names
 from conductor.core.policies.colocated import ColocatedDecode
 from conductor.core.replication import ReplicaScheduler
 from conductor.core.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from conductor.gateway.service import Gateway
 
 ADMIN_TOKEN_ENV = "CONDUCTOR_ADMIN_TOKEN"
 SHUTDOWN_GRACE_S = 10.0
@@ -51,6 +54,20 @@ def build_conductor(settings: ServeSettings | ModelSettings) -> Scheduler:
     return conductor
 
 
+def build_gateway(settings: ServeSettings) -> Gateway:
+    """The gateway of ``settings``: a scheduler and a tokenizer per model."""
+    from conductor.gateway.service import Gateway
+    from conductor.hf.tokenizer import HfTokenizer
+
+    if settings.models:
+        pools = {
+            m.model.name: (build_conductor(m), HfTokenizer.load(m.path)) for m in settings.models
+        }
+        return Gateway(settings.gateway, pools=pools)
+    tokenizer = HfTokenizer.load(settings.model_path)
+    return Gateway(settings.gateway, build_conductor(settings), tokenizer)
+
+
 def run_server(settings: ServeSettings, reuse_port: bool = False) -> None:
     """Serve until SIGINT/SIGTERM (``--workers N``: supervise N of these, see
     :mod:`conductor.cli.cluster_serve`)."""
@@ -58,26 +75,16 @@ def run_server(settings: ServeSettings, reuse_port: bool = False) -> None:
         cluster_serve.run_workers(settings, run_server)
         return
     from conductor.gateway import app
-    from conductor.gateway.service import Gateway
-    from conductor.hf.tokenizer import HfTokenizer
     from conductor.web.server import run, serve_until_stopped
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call
-    if settings.models:  # several: a scheduler and a tokenizer each
-        pools = {
-            m.model.name: (build_conductor(m), HfTokenizer.load(m.path)) for m in settings.models
-        }
-        gateway = Gateway(settings.gateway, pools=pools)
-        conductor = gateway.conductor
-    else:
-        tokenizer = HfTokenizer.load(settings.model_path)
-        if settings.cluster is not None:
-            settings = replace(settings, cluster=cluster_serve.replica_id(settings.cluster))
-        conductor = build_conductor(settings)
-        gateway = Gateway(settings.gateway, conductor, tokenizer)
+    if settings.cluster is not None:
+        settings = replace(settings, cluster=cluster_serve.replica_id(settings.cluster))
+    gateway = build_gateway(settings)
+    conductor = gateway.conductor
     host, port = settings.gateway.host, settings.gateway.port
     lifespan = app.lifespan(gateway)
     if settings.cluster is not None:
@@ -328,4 +335,4 @@ def register(app: typer.Typer) -> None:
             raise _fail(str(exc)) from None
 
 
-__all__ = ["build_conductor", "register"]
+__all__ = ["build_conductor", "build_gateway", "register"]
