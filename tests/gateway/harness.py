@@ -162,15 +162,16 @@ def make_models_gateway(
     policy: str = "conductor",
     admin_token: str | None = TOKEN,
     monitor: MonitorConfig | None = None,
+    ttft_slo_s: float = 30.0,
 ) -> Gateway:
     """A gateway serving several models (``[[models]]``): one scheduler (committed cost
-    model, ``policy``) and tokenizer each."""
+    model, ``policy``, ``ttft_slo_s``) and tokenizer each."""
     pools: dict[str, tuple[Scheduler, PromptTokenizer]] = {}
     for model, tokenizer in models:
         defaults = policy_config_defaults(policy)
         sched = SchedulerConfig(
             block_size_tokens=model.block_size_tokens,
-            ttft_slo_s=30.0,
+            ttft_slo_s=ttft_slo_s,
             admission=str(defaults.get("admission", "off")),
             cpp_enabled=False,
             context_tokens=model.max_model_len,

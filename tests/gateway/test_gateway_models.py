@@ -12,6 +12,8 @@ from dataclasses import replace
 import pytest
 
 from conductor.core.errors import InvalidInput
+from conductor.core.plan import Rejection
+from conductor.core.types import BlockHash, Request, RequestId
 from conductor.emulator.config import EmulatorConfig
 from conductor.gateway.config import GatewayConfig
 from conductor.gateway.model_config import ModelConfig
@@ -286,3 +288,27 @@ async def test_one_model_shorthand_keeps_its_unlabelled_metrics() -> None:
     assert 'conductor_decisions_total{outcome="accepted",policy="conductor"} 1.0' in metrics
     assert "conductor_inflight_requests 0.0" in metrics
     assert 'model="' not in metrics.replace('model_name="', "")
+
+
+def test_a_hot_model_does_not_starve_the_others_admission() -> None:
+    """alpha's scheduler is loaded until its TTFT SLO refuses a request; the same request
+    for beta, on its own scheduler (its own queues, index and predictor), is placed."""
+    url = "http://127.0.0.1:9"
+    gw = make_models_gateway(
+        [(ALPHA, FakeTokenizer()), (BETA, FakeTokenizer())],
+        [engine("a0", url, model="alpha"), engine("b0", url, model="beta")],
+        ttft_slo_s=1.0,
+    )
+    alpha, beta = gw.pools.get("alpha").conductor, gw.pools.get("beta").conductor
+
+    def request(i: int) -> Request:
+        hashes = tuple(BlockHash(i * 1000 + j) for j in range(50))
+        return Request(RequestId(f"r{i}"), 200, hashes, 16, 0.0)
+
+    placed = 0
+    while not isinstance(decision := alpha.schedule(request(placed), 0.0), Rejection):
+        placed += 1
+    assert decision.code == "ttft_slo"
+    assert placed > 10
+    assert not isinstance(beta.schedule(request(placed), 0.0), Rejection)
+    assert (alpha.inflight(), beta.inflight()) == (placed, 1)
