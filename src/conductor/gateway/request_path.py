@@ -1,6 +1,7 @@
-"""The request path: one OpenAI request from its body to the engine's answer.
+"""The request path: one model's OpenAI request, parsed, to the engine's answer.
 
-:meth:`RequestPath.generate`: parse, tokenize, hash the prompt's full blocks, ``schedule()``;
+:meth:`RequestPath.serve` (the gateway parsed the body and picked the model's pool): tokenize
+with the model's tokenizer, check its lengths, hash the prompt's full blocks, ``schedule()``;
 a rejection becomes 429 (or 503 when no engine can serve); a plan runs in aggregated mode
 (one engine) or disaggregated mode (the prefill leg, then the real request to the decode
 engine, both shaped by the engines' kind). An attempt that an engine did not start is
@@ -29,7 +30,6 @@ from conductor.gateway.errors import (
     BadRequest,
     GatewayError,
     NoEngine,
-    NotFound,
     Overloaded,
     UpstreamTimeout,
 )
@@ -41,8 +41,6 @@ from conductor.gateway.openai_api import (
     COMPLETION_DEFAULT_MAX_TOKENS,
     Kind,
     ParsedRequest,
-    parse_json,
-    parse_request,
 )
 from conductor.gateway.proxy import (
     NotStarted,
@@ -141,14 +139,6 @@ class RequestPath:
         if per_choice is None and req.kind == "completion":
             per_choice = COMPLETION_DEFAULT_MAX_TOKENS
         return None if per_choice is None else min(per_choice, room) * req.n
-
-    async def generate(self, kind: Kind, raw_body: bytes) -> AnyResponse:
-        """One OpenAI request, start to finish; raises :class:`GatewayError` for the client."""
-        limits = self.config.requests
-        req = parse_request(kind, parse_json(raw_body, max_depth=limits.max_json_depth), limits)
-        if req.model != self.model.name:
-            raise NotFound(f"The model `{req.model}` does not exist.", param="model")
-        return await self.serve(req, len(raw_body))
 
     async def serve(self, req: ParsedRequest, body_bytes: int) -> AnyResponse:
         """A parsed request for this model (``body_bytes``: its body's size), start to
