@@ -24,6 +24,7 @@ from tests.gateway.harness import (
     FakeTokenizer,
     admin_headers,
     client_for,
+    closed_port_url,
     engine,
     eventually,
     make_gateway,
@@ -312,3 +313,24 @@ def test_a_hot_model_does_not_starve_the_others_admission() -> None:
     assert placed > 10
     assert not isinstance(beta.schedule(request(placed), 0.0), Rejection)
     assert (alpha.inflight(), beta.inflight()) == (placed, 1)
+
+
+async def test_admin_engine_without_model_that_cannot_be_asked_is_a_400() -> None:
+    refused = closed_port_url()
+    with emulators(["alpha", "alpha", "beta"]) as ems:
+        gw = two_pools(ems)
+        async with client_for(gw) as client:
+            answers = [
+                await client.post(
+                    "/admin/engines", json={"url": url, "role": "both"}, headers=admin_headers()
+                )
+                for url in (refused, "not a url")
+            ]
+    assert [r.status_code for r in answers] == [400, 400]
+    why = "invalid engine.model=None: not given and not discovered: GET {}/v1/models gave no "
+    why += "model list"
+    assert [r.json()["error"]["message"] for r in answers] == [
+        why.format(refused),
+        why.format("not a url"),
+    ]
+    assert sorted(gw.engines) == ["a0", "a1", "b0"]

@@ -241,6 +241,8 @@ class Handlers:
         timeout_s = self.config.monitor.health_timeout_s
         ids = await served_models(self.gateway.client, url.rstrip("/"), timeout_s)
         try:
+            if ids is None:
+                raise ValueError(f"GET {url}/v1/models gave no model list")
             return single_model(url, ids)
         except ValueError as exc:
             raise InvalidInput(

@@ -31,7 +31,7 @@ async def served_models(
     not 200, not a model list): the engine is then taken at its config's word."""
     try:
         resp = await client.get(f"{base_url}/v1/models", timeout=timeout_s)
-    except httpx.HTTPError:
+    except (httpx.HTTPError, httpx.InvalidURL):
         return None
     if resp.status_code != 200:
         return None
@@ -44,7 +44,7 @@ def discover_model(base_url: str, timeout_s: float) -> str:
     told."""
     try:
         resp = httpx.get(f"{base_url}/v1/models", timeout=timeout_s)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise ValueError(f"GET {base_url}/v1/models failed: {exc}") from None
     if resp.status_code != 200:
         raise ValueError(f"GET {base_url}/v1/models answered {resp.status_code}")
