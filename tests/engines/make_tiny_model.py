@@ -8,10 +8,18 @@ Writes a Hugging Face model folder: a byte-level BPE tokenizer (vocab 1024, trai
 fixed, generated corpus) with a chat template, and a 2-layer Llama (hidden 256, 4 heads of
 64, 2 KV heads, 4096 positions) with weights drawn from a fixed torch seed. Running it twice
 gives byte-identical tokenizer files and identical weights. No network is used.
+
+Another tiny model (the several-models tests serve two): ``--seed``, ``--layers`` and
+``--hidden`` (a multiple of 128: heads of 64, half as many KV heads) change the weights
+and the size; the defaults give the model above::
+
+    .venv-vllm/bin/python tests/engines/make_tiny_model.py .tiny-model-b --seed 4321 \
+        --layers 1 --hidden 128
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -21,18 +29,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from conductor.demo.tokenizer import make_tokenizer
 
 
-def make_model(out_dir: Path, tokenizer: object) -> None:
+def make_model(
+    out_dir: Path, tokenizer: object, *, seed: int = 1234, layers: int = 2, hidden: int = 256
+) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     vocab = len(tokenizer)  # type: ignore[arg-type]
+    heads = hidden // 64
     cfg = LlamaConfig(
         vocab_size=vocab,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
         head_dim=64,
         max_position_embeddings=4096,
         rms_norm_eps=1e-5,
@@ -43,7 +54,7 @@ def make_model(out_dir: Path, tokenizer: object) -> None:
         tie_word_embeddings=False,
         torch_dtype="float32",
     )
-    torch.manual_seed(1234)
+    torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
     model.eval()
     model.save_pretrained(str(out_dir), safe_serialization=True)
@@ -53,10 +64,18 @@ def make_model(out_dir: Path, tokenizer: object) -> None:
 
 
 def main(argv: list[str]) -> int:
-    out_dir = Path(argv[1] if len(argv) > 1 else ".tiny-model")
+    parser = argparse.ArgumentParser(description="Write a tiny random-weight Llama model.")
+    parser.add_argument("out_dir", nargs="?", default=".tiny-model", type=Path)
+    parser.add_argument("--seed", type=int, default=1234, help="torch seed of the weights")
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers")
+    parser.add_argument("--hidden", type=int, default=256, help="hidden size (n x 128)")
+    args = parser.parse_args(argv[1:])
+    if args.layers < 1 or args.hidden < 128 or args.hidden % 128:
+        parser.error("--layers must be >= 1 and --hidden a positive multiple of 128")
+    out_dir: Path = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = make_tokenizer(out_dir)
-    make_model(out_dir, tokenizer)
+    make_model(out_dir, tokenizer, seed=args.seed, layers=args.layers, hidden=args.hidden)
     print(f"tiny model written to {out_dir} (vocab {len(tokenizer)})")  # type: ignore[arg-type]
     return 0
 

@@ -17,7 +17,9 @@ from conductor.core.scheduler import Scheduler
 from conductor.core.types import Role
 from conductor.gateway import app as gateway_app
 from conductor.gateway.config import EngineConfig, GatewayConfig, MonitorConfig, UpstreamConfig
+from conductor.gateway.model_config import ModelConfig
 from conductor.gateway.service import Gateway
+from conductor.gateway.tokenizer import PromptTokenizer
 from conductor.web.router import Router
 from conductor.web.server import running
 from tests.engines.costs import committed_cost
@@ -151,3 +153,38 @@ async def eventually(predicate: Callable[[], bool], timeout_s: float = 5.0) -> N
 
 def admin_headers(token: str = TOKEN) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+def make_models_gateway(
+    models: Sequence[tuple[ModelConfig, PromptTokenizer]],
+    engines: Sequence[EngineConfig],
+    *,
+    policy: str = "conductor",
+    admin_token: str | None = TOKEN,
+    monitor: MonitorConfig | None = None,
+    ttft_slo_s: float = 30.0,
+) -> Gateway:
+    """A gateway serving several models (``[[models]]``): one scheduler (committed cost
+    model, ``policy``, ``ttft_slo_s``) and tokenizer each."""
+    pools: dict[str, tuple[Scheduler, PromptTokenizer]] = {}
+    for model, tokenizer in models:
+        defaults = policy_config_defaults(policy)
+        sched = SchedulerConfig(
+            block_size_tokens=model.block_size_tokens,
+            ttft_slo_s=ttft_slo_s,
+            admission=str(defaults.get("admission", "off")),
+            cpp_enabled=False,
+            context_tokens=model.max_model_len,
+        )
+        conductor = Scheduler(committed_cost(), policy=policy, config=sched)
+        conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
+        pools[model.name] = (conductor, tokenizer)
+    cfg = GatewayConfig.for_models(
+        tuple(m for m, _ in models),
+        engines=tuple(engines),
+        admin_token=admin_token,
+        upstream=UpstreamConfig(connect_timeout_s=2.0, request_timeout_s=20.0),
+        monitor=monitor
+        or MonitorConfig(health_interval_s=0.1, health_timeout_s=1.0, load_interval_s=0.2),
+    )
+    return Gateway(cfg, pools=pools)

@@ -14,12 +14,13 @@ import json
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from conductor.cli import cluster_serve
 from conductor.cli.serve_config import DEFAULTS, ServeSettings, build_settings
+from conductor.cli.serve_models import ModelSettings
 from conductor.core.costmodel import PRESETS
 from conductor.core.errors import ConductorError
 from conductor.core.policies import policy_names
@@ -27,26 +28,44 @@ from conductor.core.policies.colocated import ColocatedDecode
 from conductor.core.replication import ReplicaScheduler
 from conductor.core.scheduler import Scheduler
 
+if TYPE_CHECKING:
+    from conductor.gateway.service import Gateway
+
 ADMIN_TOKEN_ENV = "CONDUCTOR_ADMIN_TOKEN"
 SHUTDOWN_GRACE_S = 10.0
 log = logging.getLogger("conductor.serve")
 
 
-def build_conductor(settings: ServeSettings) -> Scheduler:
-    """The scheduler for the gateway: requests placed on a ``both`` engine decode there; a
-    replica (sharing its reservations) with ``--cluster``."""
+def build_conductor(settings: ServeSettings | ModelSettings) -> Scheduler:
+    """A scheduler for the gateway (of one model, with several): requests placed on a
+    ``both`` engine decode there; a replica (sharing its reservations) with ``--cluster``."""
     conductor: Scheduler
-    if settings.cluster is None:
+    cluster = settings.cluster if isinstance(settings, ServeSettings) else None
+    if cluster is None:
         conductor = Scheduler(settings.cost, policy=settings.policy, config=settings.scheduler)
     else:
         conductor = ReplicaScheduler(
             settings.cost,
             policy=settings.policy,
             config=settings.scheduler,
-            stagger=cluster_serve.stagger(settings.cluster.replica_id),
+            stagger=cluster_serve.stagger(cluster.replica_id),
         )
     conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
     return conductor
+
+
+def build_gateway(settings: ServeSettings) -> Gateway:
+    """The gateway of ``settings``: a scheduler and a tokenizer per model."""
+    from conductor.gateway.service import Gateway
+    from conductor.hf.tokenizer import HfTokenizer
+
+    if settings.models:
+        pools = {
+            m.model.name: (build_conductor(m), HfTokenizer.load(m.path)) for m in settings.models
+        }
+        return Gateway(settings.gateway, pools=pools)
+    tokenizer = HfTokenizer.load(settings.model_path)
+    return Gateway(settings.gateway, build_conductor(settings), tokenizer)
 
 
 def run_server(settings: ServeSettings, reuse_port: bool = False) -> None:
@@ -56,19 +75,16 @@ def run_server(settings: ServeSettings, reuse_port: bool = False) -> None:
         cluster_serve.run_workers(settings, run_server)
         return
     from conductor.gateway import app
-    from conductor.gateway.service import Gateway
-    from conductor.hf.tokenizer import HfTokenizer
     from conductor.web.server import run, serve_until_stopped
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call
-    tokenizer = HfTokenizer.load(settings.model_path)
     if settings.cluster is not None:
         settings = replace(settings, cluster=cluster_serve.replica_id(settings.cluster))
-    conductor = build_conductor(settings)
-    gateway = Gateway(settings.gateway, conductor, tokenizer)
+    gateway = build_gateway(settings)
+    conductor = gateway.conductor
     host, port = settings.gateway.host, settings.gateway.port
     lifespan = app.lifespan(gateway)
     if settings.cluster is not None:
@@ -118,7 +134,8 @@ def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve_cmd(
         config: Annotated[
-            Path | None, typer.Option("--config", help="TOML file: [gateway] and [[engines]]")
+            Path | None,
+            typer.Option("--config", help="TOML file: [gateway], [[engines]], [[models]]"),
         ] = None,
         engine: Annotated[
             list[str] | None,
@@ -318,4 +335,4 @@ def register(app: typer.Typer) -> None:
             raise _fail(str(exc)) from None
 
 
-__all__ = ["build_conductor", "register"]
+__all__ = ["build_conductor", "build_gateway", "register"]

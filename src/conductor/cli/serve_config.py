@@ -21,9 +21,8 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
-from conductor.cli.cost_source import read_cost_file
-from conductor.cli.fields import renamed
 from conductor.cli.serve_engines import _engines, parse_engine_spec
 from conductor.cli.serve_keys import (
     DEFAULTS,
@@ -34,19 +33,27 @@ from conductor.cli.serve_keys import (
     ServeOptions,
     parse_set,
 )
+from conductor.cli.serve_models import (
+    Discover,
+    ModelSettings,
+    build_models,
+    model_engines,
+    scheduling,
+)
+from conductor.cli.serve_values import Values
 from conductor.cluster.config import ClusterConfig
 from conductor.core.checks import check_positive
 from conductor.core.config import SchedulerConfig
-from conductor.core.costmodel import CostModel, preset
+from conductor.core.costmodel import CostModel
 from conductor.core.errors import InvalidInput
-from conductor.core.policies import policy_config_defaults
 from conductor.gateway.config import (
+    EngineConfig,
     GatewayConfig,
     MonitorConfig,
     RequestLimits,
     UpstreamConfig,
 )
-from conductor.gateway.costs import with_overrides
+from conductor.gateway.model_check import discover_model
 from conductor.gateway.tokenizer import read_max_model_len
 from conductor.web.limits import ServerLimits
 
@@ -64,9 +71,15 @@ class ServeSettings:
     cluster: ClusterConfig | None = None
     workers: int = 1
     replica_id: str = ""  # also without a cluster URL: --workers names its workers after it
+    models: tuple[ModelSettings, ...] = ()
+    """The ``[[models]]`` (empty: the one-model shorthand; else the fields above that
+    describe a model are the first one's)."""
 
     def describe(self) -> dict[str, object]:
         g = self.gateway
+        extra: dict[str, object] = {}
+        if self.models:
+            extra["models"] = [m.describe() for m in self.models]
         return {
             "model_path": str(self.model_path),
             "model_name": g.model_name,
@@ -88,21 +101,26 @@ class ServeSettings:
             "cluster": None if self.cluster is None else self.cluster.url,
             "replica_id": None if self.cluster is None else self.cluster.replica_id,
             "workers": self.workers,
+            **extra,
         }
 
 
-def load_toml(path: Path) -> tuple[dict[str, object], list[Mapping[str, object]]]:
-    """The ``[gateway]`` table and the ``[[engines]]`` tables of a config file."""
+Tables = list[Mapping[str, object]]
+
+
+def load_toml(path: Path) -> tuple[dict[str, object], Tables, Tables]:
+    """The ``[gateway]`` table, the ``[[engines]]`` and the ``[[models]]`` tables of a
+    config file."""
     try:
         data = tomllib.loads(path.read_text())
     except OSError as exc:
         raise InvalidInput("config", str(path), f"cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise InvalidInput("config", str(path), f"not valid TOML: {exc}") from None
-    unknown = sorted(set(data) - {"gateway", "engines"})
+    unknown = sorted(set(data) - {"gateway", "engines", "models"})
     if unknown:
         raise InvalidInput(
-            unknown[0], data[unknown[0]], "unknown table; use [gateway], [[engines]]"
+            unknown[0], data[unknown[0]], "unknown table; use [gateway], [[engines]], [[models]]"
         )
     gateway = data.get("gateway", {})
     if not isinstance(gateway, dict):
@@ -113,97 +131,10 @@ def load_toml(path: Path) -> tuple[dict[str, object], list[Mapping[str, object]]
     engines = data.get("engines", [])
     if not isinstance(engines, list) or not all(isinstance(e, dict) for e in engines):
         raise InvalidInput("engines", engines, "must be an array of tables ([[engines]])")
-    return dict(gateway), list(engines)
-
-
-class _Values:
-    """Typed access to the resolved options: a command-line option, else the TOML
-    ``[gateway]`` key, else the default (:data:`DEFAULTS`)."""
-
-    def __init__(
-        self,
-        cli: Mapping[str, object | None],
-        toml: Mapping[str, object],
-        via_set: frozenset[str] = frozenset(),
-    ) -> None:
-        self.cli = cli
-        self.toml = toml
-        self.via_set = via_set
-
-    def raw(self, name: str) -> object | None:
-        value = self.cli.get(name)
-        if value is not None:
-            return value
-        if name in self.toml:
-            return self.toml[name]
-        return DEFAULTS.get(name)
-
-    def where(self, name: str) -> str:
-        """How the user wrote key ``name``: ``--the-option``, ``gateway.the_key``, or just
-        the key when its default is used."""
-        if self.cli.get(name) is not None:
-            return f"--set {name}" if name in self.via_set else "--" + name.replace("_", "-")
-        if name in self.toml:
-            return f"gateway.{name}"
-        return name
-
-    def renamed(self, exc: InvalidInput) -> InvalidInput:
-        """``exc`` naming the option or TOML key the faulty value came from."""
-        names = {key: self.where(key) for key in KEYS}
-        names.update({field: self.where(key) for field, key in FIELD_KEYS.items()})
-        return renamed(exc, names, {"tbt_slo_s": self.raw("tbt_slo_ms")})
-
-    def opt_str(self, name: str) -> str | None:
-        value = self.raw(name)
-        if value is None or isinstance(value, str):
-            return value
-        raise InvalidInput(name, value, "must be a string")
-
-    def opt_int(self, name: str) -> int | None:
-        value = self.raw(name)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidInput(name, value, "must be an integer")
-        return value
-
-    def opt_float(self, name: str) -> float | None:
-        value = self.raw(name)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise InvalidInput(name, value, "must be a number")
-        return float(value)
-
-    def str_(self, name: str) -> str:
-        value = self.opt_str(name)
-        if value is None:
-            raise InvalidInput(name, None, "is required")
-        return value
-
-    def int_(self, name: str) -> int:
-        value = self.opt_int(name)
-        if value is None:
-            raise InvalidInput(name, None, "is required")
-        return value
-
-    def float_(self, name: str) -> float:
-        value = self.opt_float(name)
-        if value is None:
-            raise InvalidInput(name, None, "is required")
-        return value
-
-    def names(self, name: str) -> tuple[str, ...]:
-        value = self.raw(name)
-        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-            return tuple(value)
-        raise InvalidInput(name, value, "must be an array of strings")
-
-    def bool_(self, name: str) -> bool:
-        value = self.raw(name)
-        if not isinstance(value, bool):
-            raise InvalidInput(name, value, "must be true or false")
-        return value
+    models = data.get("models", [])
+    if not isinstance(models, list) or not all(isinstance(m, dict) for m in models):
+        raise InvalidInput("models", models, "must be an array of tables ([[models]])")
+    return dict(gateway), list(engines), list(models)
 
 
 def build_settings(
@@ -211,14 +142,19 @@ def build_settings(
     engine_specs: list[str],
     config_path: Path | None = None,
     sets: list[str] | None = None,
+    *,
+    discover: Discover | None = None,
 ) -> ServeSettings:
     """Resolve options (see the module docstring) into :class:`ServeSettings`; an
     :class:`InvalidInput` names the option or key the faulty value came from. ``sets``:
-    the ``--set key=value`` options (a dedicated option given too wins)."""
+    the ``--set key=value`` options (a dedicated option given too wins); ``discover``:
+    how an engine's model is found when ``[[models]]`` are given and its entry names none
+    (default: its ``GET /v1/models``)."""
     toml: dict[str, object] = {}
-    toml_engines: list[Mapping[str, object]] = []
+    toml_engines: Tables = []
+    toml_models: Tables = []
     if config_path is not None:
-        toml, toml_engines = load_toml(config_path)
+        toml, toml_engines, toml_models = load_toml(config_path)
     merged = dict(cli)
     via_set: set[str] = set()
     for spec in sets or ():
@@ -226,28 +162,41 @@ def build_settings(
         if merged.get(key) is None:
             merged[key] = value
             via_set.add(key)
-    v = _Values(merged, toml, frozenset(via_set))
+    v = Values(merged, toml, frozenset(via_set))
     try:
+        if toml_models:
+            timeout_s = v.float_("health_timeout_s")
+            models = build_models(v, toml_models, toml)
+            engines = model_engines(
+                models,
+                toml_engines,
+                engine_specs,
+                discover or (lambda url: discover_model(url, timeout_s)),
+            )
+            return _build_models(v, models, engines)
         return _build(v, toml_engines, engine_specs)
     except InvalidInput as exc:
         raise v.renamed(exc) from None
 
 
-def _cost(v: _Values, options: ServeOptions) -> CostModel:
-    """The preset, or the cost file (``cost_file`` and an explicit ``preset`` exclude each
-    other)."""
-    if options.cost_file is None:
-        return preset(options.preset)
-    if v.where("preset") != "preset":
-        raise InvalidInput(
-            "cost_file", options.cost_file, f"excludes {v.where('preset')}; give one of them"
-        )
-    return read_cost_file(Path(options.cost_file), "cost_file").cost
-
-
-def _build(
-    v: _Values, toml_engines: list[Mapping[str, object]], engine_specs: list[str]
+def _build_models(
+    v: Values, models: tuple[ModelSettings, ...], engines: tuple[EngineConfig, ...]
 ) -> ServeSettings:
+    """Several models: replicas do not sync per model yet, so neither --cluster nor
+    --workers."""
+    if v.opt_str("cluster") is not None or v.int_("workers") > 1:
+        name = "cluster" if v.opt_str("cluster") is not None else "workers"
+        raise InvalidInput(name, v.raw(name), "not yet with several [[models]]")
+    first = models[0]
+    gateway = GatewayConfig.for_models(
+        tuple(m.model for m in models), engines=engines, **_gateway_values(v)
+    )
+    options = ServeOptions(log_level=v.str_("log_level").lower())
+    return ServeSettings(gateway, first.scheduler, first.cost, first.policy, first.path,
+                         options.log_level, None, 1, v.str_("replica_id"), models)  # fmt: skip
+
+
+def _build(v: Values, toml_engines: Tables, engine_specs: list[str]) -> ServeSettings:
     raw_path = v.opt_str("model_path")
     if raw_path is None:
         raise InvalidInput("model_path", None, "is required (--model-path or gateway.model_path)")
@@ -281,28 +230,34 @@ def _build(
     cluster = None if options.cluster is None else ClusterConfig(
         options.cluster, v.str_("replica_id"), v.str_("cluster_name"),
         v.float_("cluster_heartbeat_s"), v.float_("cluster_expiry_s"))  # fmt: skip
-    cost = with_overrides(
-        _cost(v, options),
-        prefill_tokens_per_s=options.prefill_tokens_per_s,
-        decode_step_ms=options.decode_step_ms,
-    )
-    defaults = policy_config_defaults(options.policy)
-    scheduler = SchedulerConfig(
-        block_size_tokens=block_size,
-        ttft_slo_s=v.float_("ttft_slo_s"),
-        tbt_slo_s=v.float_("tbt_slo_ms") / 1e3,
-        admission=options.admission or str(defaults.get("admission", "off")),
-        # Chunked pipeline parallel prefill spans engines; vLLM cannot run it, so plans must
-        # not contain it whatever the policy's defaults say.
-        cpp_enabled=False,
-        seed=v.int_("seed"),
-        context_tokens=max_model_len,  # a request without max_tokens may use the rest
-    )
+    scheduler, cost, _ = scheduling(v, block_size=block_size, max_model_len=max_model_len)
     gateway = GatewayConfig(
         model_name=options.model_name or model_path.resolve().name,
         max_model_len=max_model_len,
         block_size_tokens=block_size,
         engines=engines,
+        **_gateway_values(v),
+    )
+    return ServeSettings(gateway, scheduler, cost, options.policy, model_path, options.log_level,
+                         cluster, options.workers, v.str_("replica_id"))  # fmt: skip
+
+
+class GatewayValues(TypedDict):
+    """The ``GatewayConfig`` fields that are not about a model (nor its engines)."""
+
+    host: str
+    port: int
+    admin_token: str | None
+    max_body_bytes: int
+    upstream: UpstreamConfig
+    monitor: MonitorConfig
+    http: ServerLimits
+    requests: RequestLimits
+
+
+def _gateway_values(v: Values) -> GatewayValues:
+    """The ``GatewayConfig`` fields that are not about a model."""
+    return GatewayValues(
         host=v.str_("host"),
         port=v.int_("port"),
         admin_token=v.opt_str("admin_token"),
@@ -339,8 +294,6 @@ def _build(
             inline_work_chars=v.int_("inline_work_chars"),
         ),
     )
-    return ServeSettings(gateway, scheduler, cost, options.policy, model_path, options.log_level,
-                         cluster, options.workers, v.str_("replica_id"))  # fmt: skip
 
 
 __all__ = [

@@ -28,8 +28,9 @@ from conductor.gateway.errors import (
     error_response,
 )
 from conductor.gateway.metrics import CONTENT_TYPE
+from conductor.gateway.model_check import served_models, single_model
 from conductor.gateway.openai_api import Kind, parse_json
-from conductor.gateway.service import Gateway
+from conductor.gateway.service import Gateway, Routed
 from conductor.web.errors import error_body
 from conductor.web.messages import AnyResponse, Request, Response, json_response
 from conductor.web.router import Router
@@ -67,6 +68,7 @@ def create_app(gateway: Gateway) -> Router:
     router.add("GET", "/ready", h.ready)
     router.add("GET", "/metrics", h.metrics)
     router.add("GET", "/admin/engines", h.admin(h.list_engines))
+    router.add("GET", "/admin/models", h.admin(h.list_models))
     router.add("POST", "/admin/engines", h.admin(h.add_engine))
     router.add("DELETE", "/admin/engines/{engine_id}", h.admin(h.remove))
     router.add("POST", "/admin/engines/{engine_id}/drain", h.admin(h.drain))
@@ -85,41 +87,44 @@ class Handlers:
         """The OpenAI endpoint ``endpoint`` for requests of ``kind``."""
         gateway = self.gateway
         metrics = gateway.metrics
-        responses = metrics.responses
 
         async def handler(request: Request) -> AnyResponse:
+            routed = Routed()
             try:
-                response = await gateway.generate(kind, request.body)
+                response = await gateway.generate(kind, request.body, routed)
             except GatewayError as exc:
                 response = exc.response()
             except InvalidInput as exc:
                 response = BadRequest(str(exc), param=exc.field).response()
             except asyncio.CancelledError:  # the client went away
-                metrics.child(responses, endpoint, "499").inc()
+                pool = metrics.pool(routed.model)
+                pool.child(pool.responses, endpoint, "499").inc()
                 raise
             except Exception:
                 log.exception("unexpected error in %s", endpoint)
                 response = json_response(
                     error_body(500, "internal error in the gateway", "server_error"), 500
                 )
-            metrics.child(responses, endpoint, str(response.status)).inc()
+            pool = metrics.pool(routed.model)
+            pool.child(pool.responses, endpoint, str(response.status)).inc()
             return response
 
         return handler
 
     async def models(self, request: Request) -> Response:
-        cfg = self.config
+        created = int(self.gateway.started_at_wall_s)
         return json_response(
             {
                 "object": "list",
                 "data": [
                     {
-                        "id": cfg.model_name,
+                        "id": model.name,
                         "object": "model",
-                        "created": int(self.gateway.started_at_wall_s),
+                        "created": created,
                         "owned_by": "conductor",
-                        "max_model_len": cfg.max_model_len,
+                        "max_model_len": model.max_model_len,
                     }
+                    for model in self.config.pool_models()
                 ],
             }
         )
@@ -145,6 +150,10 @@ class Handlers:
             "unhealthy": sorted(s.engine_id for s in snaps if not s.healthy),
             "warnings": warnings,
         }
+        if self.config.several_models:  # ready while some model can be served
+            body["models"] = {
+                p.name: "ready" if p.can_serve() else "unavailable" for p in self.gateway.pools
+            }
         return json_response(body, 200 if ok else 503)
 
     async def metrics(self, request: Request) -> Response:
@@ -200,18 +209,45 @@ class Handlers:
                 kv_queue_depth=snap.kv_queue_depth,
                 kv_events_dropped=snap.kv_events_dropped,
             )
+            if self.config.several_models:
+                out.update(pool=snap.model, model_error=snap.model_error)
         return out
 
     async def list_engines(self, request: Request) -> Response:
         return json_response({"engines": [self.engine_json(e) for e in self.gateway.engines]})
 
+    async def list_models(self, request: Request) -> Response:
+        return json_response({"models": [p.describe() for p in self.gateway.pools]})
+
     async def add_engine(self, request: Request) -> Response:
         values = parse_json(request.body, max_depth=self.config.requests.max_json_depth)
-        engine = engine_from_mapping(
-            values, default_block_size=self.config.block_size_tokens, where="engine"
-        )
+        block_size = self.config.block_size_tokens
+        if self.config.several_models:
+            values = dict(values)
+            if values.get("model") is None:  # discovered: the one model it serves
+                values["model"] = await self._discover(values.get("url"))
+            model = next(
+                (m for m in self.config.models if m.upstream_name == values["model"]), None
+            )
+            if model is not None:
+                block_size = model.block_size_tokens
+        engine = engine_from_mapping(values, default_block_size=block_size, where="engine")
         self.gateway.add_engine(engine)
         return json_response(self.engine_json(engine.engine_id), 201)
+
+    async def _discover(self, url: object) -> str:
+        if not isinstance(url, str):
+            raise InvalidInput("engine.url", url, "is required")
+        timeout_s = self.config.monitor.health_timeout_s
+        ids = await served_models(self.gateway.client, url.rstrip("/"), timeout_s)
+        try:
+            if ids is None:
+                raise ValueError(f"GET {url}/v1/models gave no model list")
+            return single_model(url, ids)
+        except ValueError as exc:
+            raise InvalidInput(
+                "engine.model", None, f"not given and not discovered: {exc}"
+            ) from None
 
     async def drain(self, request: Request) -> Response:
         engine_id = request.path_params["engine_id"]

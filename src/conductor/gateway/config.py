@@ -11,12 +11,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from conductor.core.checks import check_at_least, check_port, check_positive
 from conductor.core.errors import InvalidInput
 from conductor.core.types import Role
 from conductor.gateway.engines.registry import DEFAULT_KIND, check_kind
+from conductor.gateway.model_config import ModelConfig, check_models
 from conductor.web.limits import ServerLimits
 
 ENGINE_KEYS = (
@@ -278,7 +280,14 @@ class GatewayConfig:
     """The whole service. ``model_name`` is the name clients use; ``max_model_len`` bounds
     prompt + output tokens; ``block_size_tokens`` is the engines' KV block size (every engine
     must use it: one prefix index, one hash chain); ``admin_token`` None disables the admin
-    API."""
+    API.
+
+    ``models`` empty: one model (the shorthand: ``model_name``, ``max_model_len``,
+    ``block_size_tokens``; every engine serves it, its ``model`` only the name sent
+    upstream). Else the models served, one pool each (:meth:`for_models` builds it; the
+    three fields above are then the first model's): each engine's ``model`` must be one
+    model's served name, it hashes at that model's block size, and per-pool metrics carry
+    a ``model`` label."""
 
     model_name: str
     max_model_len: int
@@ -292,6 +301,44 @@ class GatewayConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     http: ServerLimits = field(default_factory=ServerLimits)
     requests: RequestLimits = field(default_factory=RequestLimits)
+    models: tuple[ModelConfig, ...] = ()
+
+    @classmethod
+    def for_models(cls, models: tuple[ModelConfig, ...], **values: Any) -> GatewayConfig:
+        """Several models (at least one); ``values``: the other fields."""
+        if not models:
+            raise InvalidInput("models", [], "none given")
+        first = models[0]
+        return cls(
+            model_name=first.name,
+            max_model_len=first.max_model_len,
+            block_size_tokens=first.block_size_tokens,
+            models=models,
+            **values,
+        )
+
+    @property
+    def several_models(self) -> bool:
+        """Whether models were declared (``[[models]]``), not the one-model shorthand."""
+        return bool(self.models)
+
+    def pool_models(self) -> tuple[ModelConfig, ...]:
+        """The models served, in order (the shorthand: one, named ``model_name``)."""
+        if self.models:
+            return self.models
+        return (ModelConfig(self.model_name, self.max_model_len, self.block_size_tokens),)
+
+    def model_of(self, engine: EngineConfig, *, where: str = "engine") -> ModelConfig:
+        """The model whose pool ``engine`` joins; :class:`InvalidInput` if none."""
+        if not self.models:
+            return self.pool_models()[0]
+        for model in self.models:
+            if engine.model == model.upstream_name:
+                return model
+        served = [m.upstream_name for m in self.models]
+        if engine.model is None:
+            raise InvalidInput(f"{where}.model", None, f"is required; served models: {served}")
+        raise InvalidInput(f"{where}.model", engine.model, f"no model serves it; known: {served}")
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -302,9 +349,17 @@ class GatewayConfig:
         check_at_least("max_body_bytes", self.max_body_bytes, 1024)
         if self.admin_token is not None and len(self.admin_token) < 8:
             raise InvalidInput("admin_token", "<hidden>", "must be at least 8 characters")
+        check_models(self.models)
+        if self.models and (
+            self.models[0].name,
+            self.models[0].max_model_len,
+            self.models[0].block_size_tokens,
+        ) != (self.model_name, self.max_model_len, self.block_size_tokens):
+            raise InvalidInput("model_name", self.model_name, "must describe models[0]")
         seen: set[str] = set()
         for i, engine in enumerate(self.engines):
-            check_engine_fits(engine, self.block_size_tokens, where=f"engines[{i}]")
+            model = self.model_of(engine, where=f"engines[{i}]")
+            check_engine_fits(engine, model.block_size_tokens, where=f"engines[{i}]")
             if engine.engine_id in seen:
                 raise InvalidInput(f"engines[{i}].id", engine.engine_id, "duplicate engine id")
             seen.add(engine.engine_id)

@@ -25,7 +25,7 @@ from conductor.core.plan import Plan
 from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId, RequestId
-from conductor.gateway.metrics import GatewayMetrics
+from conductor.gateway.metrics import PoolMetrics
 
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
@@ -88,7 +88,7 @@ class Flight:
         mode: Mode,
         *,
         clock: Callable[[], float],
-        metrics: GatewayMetrics,
+        metrics: PoolMetrics,
         scheduled_at_s: float,
     ) -> None:
         self.conductor = conductor

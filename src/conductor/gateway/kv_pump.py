@@ -19,7 +19,7 @@ from conductor.core.events import BlocksRemoved, BlocksStored, KvEvent
 from conductor.core.scheduler import Scheduler
 from conductor.gateway.engines.handle import EngineHandle, attach_feed
 from conductor.gateway.membership import EngineSet
-from conductor.gateway.metrics import GatewayMetrics
+from conductor.gateway.metrics import PoolMetrics
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class KvPump:
         self,
         engines: EngineSet,
         conductor: Scheduler,
-        metrics: GatewayMetrics,
+        metrics: PoolMetrics,
         wall_clock: Callable[[], float],
     ) -> None:
         self.engines = engines

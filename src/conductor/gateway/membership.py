@@ -14,10 +14,12 @@ from conductor.core.events import AllBlocksCleared
 from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceSpec
 from conductor.core.types import InstanceId
-from conductor.gateway.config import EngineConfig, GatewayConfig, check_engine_fits
+from conductor.gateway.config import EngineConfig, MonitorConfig, check_engine_fits
 from conductor.gateway.engines.handle import EngineHandle, make_handle
 from conductor.gateway.errors import Conflict, NotFound
-from conductor.gateway.metrics import EngineSnapshot, GatewayMetrics
+from conductor.gateway.metrics import PoolMetrics
+from conductor.gateway.metrics_state import EngineSnapshot
+from conductor.gateway.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,27 +42,35 @@ def kv_drops(handle: EngineHandle) -> dict[str, int]:
 
 
 class EngineSet:
-    """The gateway's engines.
+    """The engines of one model's pool.
 
     Invariant: ``engines`` and ``conductor.instances`` hold the same ids (every change goes
-    through :meth:`add` and :meth:`remove`).
+    through :meth:`add` and :meth:`remove`); an engine whose ``model_error`` is set stays
+    out of scheduling.
     """
 
-    def __init__(self, config: GatewayConfig, conductor: Scheduler, metrics: GatewayMetrics):
-        self.config = config
+    def __init__(
+        self,
+        model: ModelConfig,
+        monitor: MonitorConfig,
+        conductor: Scheduler,
+        metrics: PoolMetrics,
+    ):
+        self.model = model
+        self.monitor = monitor
         self.conductor = conductor
         self.metrics = metrics
         self.engines: dict[InstanceId, EngineHandle] = {}
 
     def add(self, config: EngineConfig) -> EngineHandle:
-        check_engine_fits(config, self.config.block_size_tokens, where="engine")
+        check_engine_fits(config, self.model.block_size_tokens, where="engine")
         engine_id = InstanceId(config.engine_id)
         if engine_id in self.engines or engine_id in self.conductor.instances:
             raise Conflict(f"engine {engine_id!r} already exists", param="id")
         self.conductor.add_instance(
             InstanceSpec(engine_id, config.role, nic_bytes_per_s=NO_FETCH_BYTES_PER_S)
         )
-        monitor = self.config.monitor
+        monitor = self.monitor
         handle = make_handle(
             config, queue_size=monitor.kv_queue_size, max_blocks=monitor.kv_max_blocks
         )
@@ -97,12 +107,16 @@ class EngineSet:
         if handle is None or state is None or not state.healthy:
             return
         self.conductor.set_health(engine_id, healthy=False)
+        handle.model_checked = False  # it may come back serving something else
         self.clear_blocks(handle)
         self.metrics.engine_failures.labels(engine_id, reason.split(":")[0]).inc()
         log.warning("engine %s marked unhealthy: %s", engine_id, reason)
 
     def mark_healthy(self, handle: EngineHandle) -> None:
-        """The engine answered its health probe: schedule on it again if it was out."""
+        """The engine answered its health probe: schedule on it again if it was out (unless
+        it serves another model than its config says)."""
+        if handle.model_error is not None:
+            return
         if not self.conductor.instances[handle.engine_id].healthy:
             self.conductor.set_health(handle.engine_id, healthy=True)
             log.info("engine %s healthy again", handle.engine_id)
@@ -143,6 +157,8 @@ class EngineSet:
                     kv_needs_resync=False if feed is None else feed.needs_resync,
                     kv_dropped_by_reason=kv_drops(handle),
                     kv_silent=handle.kv_silent,
+                    model=self.model.name,
+                    model_error=handle.model_error,
                 )
             )
         return out

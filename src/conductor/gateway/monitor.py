@@ -23,7 +23,8 @@ from conductor.gateway.config import MonitorConfig
 from conductor.gateway.engines.handle import EngineHandle
 from conductor.gateway.kv_pump import KvPump
 from conductor.gateway.membership import EngineSet
-from conductor.gateway.metrics import GatewayMetrics
+from conductor.gateway.metrics import PoolMetrics
+from conductor.gateway.model_check import mismatch, served_models
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,14 @@ class Monitor:
         engines: EngineSet,
         kv: KvPump,
         config: MonitorConfig,
-        metrics: GatewayMetrics,
+        metrics: PoolMetrics,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        check_all_models: bool = False,
     ) -> None:
+        self.check_all_models = check_all_models
+        """Check every engine's ``/v1/models`` (several models), not only those whose
+        config names a model."""
         self.engines = engines
         self.clock = clock
         self.kv = kv
@@ -68,6 +74,10 @@ class Monitor:
             return
         if why is None:
             handle.probe_timeouts = 0
+            if not handle.model_checked and (self.check_all_models or handle.config.model):
+                await self._check_model(client, handle)
+                if not self.engines.current(handle):
+                    return
             self.engines.mark_healthy(handle)
             return
         if why == "timeout":  # a busy engine answers slowly: only a run of them counts
@@ -75,6 +85,28 @@ class Monitor:
             if handle.probe_timeouts < self.config.health_timeouts_to_unhealthy:
                 return
         self.engines.mark_unhealthy(handle.engine_id, f"health: {why}")
+
+    async def _check_model(self, client: httpx.AsyncClient, handle: EngineHandle) -> None:
+        """Read the engine's ``/v1/models``: one serving another model than its config says
+        is kept out (``model_error``), until a later round finds it right."""
+        served = await served_models(client, handle.config.url, self.config.health_timeout_s)
+        if not self.engines.current(handle):
+            return
+        handle.model_checked = True
+        if served is None:  # it cannot tell: take it at its config's word
+            return
+        expected = handle.upstream_model or self.engines.model.upstream_name
+        why = mismatch(expected, served)
+        if why is None:
+            if handle.model_error is not None:
+                log.info("engine %s serves %r again", handle.engine_id, expected)
+            handle.model_error = None
+            return
+        if handle.model_error != why:
+            log.warning("engine %s kept out: %s", handle.engine_id, why)
+        handle.model_error = why
+        self.engines.mark_unhealthy(handle.engine_id, f"model: {why}")
+        handle.model_checked = False  # checked again next round
 
     async def load_loop(self, client: httpx.AsyncClient) -> None:
         while True:

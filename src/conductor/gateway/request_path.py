@@ -1,6 +1,7 @@
-"""The request path: one OpenAI request from its body to the engine's answer.
+"""The request path: one model's OpenAI request, parsed, to the engine's answer.
 
-:meth:`RequestPath.generate`: parse, tokenize, hash the prompt's full blocks, ``schedule()``;
+:meth:`RequestPath.serve` (the gateway parsed the body and picked the model's pool): tokenize
+with the model's tokenizer, check its lengths, hash the prompt's full blocks, ``schedule()``;
 a rejection becomes 429 (or 503 when no engine can serve); a plan runs in aggregated mode
 (one engine) or disaggregated mode (the prefill leg, then the real request to the decode
 engine, both shaped by the engines' kind). An attempt that an engine did not start is
@@ -29,19 +30,17 @@ from conductor.gateway.errors import (
     BadRequest,
     GatewayError,
     NoEngine,
-    NotFound,
     Overloaded,
     UpstreamTimeout,
 )
 from conductor.gateway.flight import Flight, Mode, Outcome, completion_tokens
 from conductor.gateway.membership import EngineSet
-from conductor.gateway.metrics import GatewayMetrics
+from conductor.gateway.metrics import PoolMetrics
+from conductor.gateway.model_config import ModelConfig
 from conductor.gateway.openai_api import (
     COMPLETION_DEFAULT_MAX_TOKENS,
     Kind,
     ParsedRequest,
-    parse_json,
-    parse_request,
 )
 from conductor.gateway.proxy import (
     NotStarted,
@@ -63,7 +62,8 @@ NOT_RUNNING = "the gateway is not running (use `async with gateway.running()`)"
 
 
 class RequestPath:
-    """Serves requests on the engines of an :class:`EngineSet` (see the module docstring).
+    """Serves one model's requests on the engines of its pool's :class:`EngineSet` (see the
+    module docstring).
 
     Invariant: every scheduled attempt ends in exactly one :class:`Flight` outcome.
     ``upstream`` is set while the gateway runs (None otherwise).
@@ -72,13 +72,15 @@ class RequestPath:
     def __init__(
         self,
         config: GatewayConfig,
+        model: ModelConfig,
         conductor: Scheduler,
         tokenizer: PromptTokenizer,
         engines: EngineSet,
-        metrics: GatewayMetrics,
+        metrics: PoolMetrics,
         clock: Callable[[], float],
     ) -> None:
         self.config = config
+        self.model = model
         self.conductor = conductor
         self.tokenizer = tokenizer
         self.engines = engines
@@ -114,7 +116,7 @@ class RequestPath:
         for chat — the scheduler then caps at the rest of the context) times ``n``. What the
         request will really generate is the scheduler's prediction
         (:mod:`conductor.core.output_length`), learnt from the completions it sees."""
-        limit = self.config.max_model_len
+        limit = self.model.max_model_len
         param = "prompt" if req.kind == "completion" else "messages"
         if prompt_tokens == 0:
             raise BadRequest("the prompt has no tokens", param=param)
@@ -138,16 +140,13 @@ class RequestPath:
             per_choice = COMPLETION_DEFAULT_MAX_TOKENS
         return None if per_choice is None else min(per_choice, room) * req.n
 
-    async def generate(self, kind: Kind, raw_body: bytes) -> AnyResponse:
-        """One OpenAI request, start to finish; raises :class:`GatewayError` for the client."""
-        limits = self.config.requests
-        req = parse_request(kind, parse_json(raw_body, max_depth=limits.max_json_depth), limits)
-        if req.model != self.config.model_name:
-            raise NotFound(f"The model `{req.model}` does not exist.", param="model")
-        token_ids = await self.tokenize(req, len(raw_body))
+    async def serve(self, req: ParsedRequest, body_bytes: int) -> AnyResponse:
+        """A parsed request for this model (``body_bytes``: its body's size), start to
+        finish; raises :class:`GatewayError` for the client."""
+        token_ids = await self.tokenize(req, body_bytes)
         max_tokens = self.output_budget(req, len(token_ids))
         hashes = tuple(
-            request_block_hashes(token_ids, self.config.block_size_tokens, req.cache_salt)
+            request_block_hashes(token_ids, self.model.block_size_tokens, req.cache_salt)
         )
         base_id = self._next_request_id()
         deadline = asyncio.get_running_loop().time() + self.config.upstream.request_timeout_s
@@ -264,7 +263,7 @@ class RequestPath:
         }
 
     def _model_for(self, handle: EngineHandle) -> str:
-        return handle.upstream_model or self.config.model_name
+        return handle.upstream_model or self.model.upstream_name
 
     async def _execute(self, req: ParsedRequest, flight: Flight, deadline: float) -> AnyResponse:
         plan = flight.plan

@@ -41,6 +41,8 @@ class EngineHandle:
     served: int = 0
     probe_timeouts: int = 0
     kv_silent: bool = False
+    model_checked: bool = False
+    model_error: str | None = None
 
     @property
     def engine_id(self) -> InstanceId:
