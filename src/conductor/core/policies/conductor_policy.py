@@ -24,7 +24,10 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from conductor.core.policies.base import PrefillChoice, SchedulingContext
+from conductor.core.late_binding_rule import LateBinding
+from conductor.core.policies.base import DecodeChoice, PrefillChoice, SchedulingContext
+from conductor.core.policies.decode import least_tbt
+from conductor.core.policies.first_interval import first_interval_tbt
 from conductor.core.policies.registry import register
 from conductor.core.state import InstanceState
 
@@ -33,6 +36,7 @@ from conductor.core.state import InstanceState
 class ConductorPolicy:
     name: ClassVar[str] = "conductor"
     config_defaults: ClassVar[dict[str, object]] = {"admission": "early", "cpp_enabled": True}
+    late_binding: ClassVar[LateBinding] = LateBinding(horizon_s=0.0, tbt_margin=0.1)
 
     def choose_prefill(self, ctx: SchedulingContext) -> PrefillChoice:
         """``argmin_i min(TTFT_local(i), TTFT_fetch(i))`` with the tie-break above.
@@ -68,6 +72,14 @@ class ConductorPolicy:
                 winner, winner_key, winner_fetches = inst, key, fetches
         assert winner is not None, "prefill pool is empty"
         return ctx.fetch_choice(winner) if winner_fetches else ctx.local_choice(winner)
+
+    def choose_decode(self, ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
+        """The lowest predicted TBT with the KV hand-off's tail in the first interval
+        (:mod:`conductor.core.policies.first_interval`), unless the run switches it off
+        (``policy_params["first_interval"] == 0``: Mooncake's load-balancing decoding)."""
+        if ctx.config.policy_params.get("first_interval", 1.0) == 0.0:
+            return least_tbt(ctx, prefill)
+        return first_interval_tbt(ctx, prefill)
 
 
 def _estimate(
