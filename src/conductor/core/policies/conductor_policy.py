@@ -12,6 +12,13 @@ it keeps the choice right when a transfer is slow, e.g. a congested or cross-rac
 the fewest queued tokens, then pool order. The fetch becomes a replica on ``p`` (hot-spot
 migration, lines 20-21).
 
+Decode: the lowest predicted TBT with the KV hand-off's tail in the first interval
+(:mod:`conductor.core.policies.first_interval`). Late binding (``late_binding``,
+:mod:`conductor.core.late_binding`): requests are held, earliest deadline first, until a
+prefill instance is predicted free (compute and NIC; horizon 0) and a decode instance is
+predicted within 90% of the TBT SLO; the shell (the simulator; not yet the gateway) runs the
+queue. Both were chosen on generated workloads only (docs/policies.md).
+
 The rest of Conductor comes from the scheduler configuration that the shells build for this
 policy (``config_defaults``): early rejection against both SLOs (arXiv §7.2) and
 chunked pipeline parallel prefill for prompts whose single-node TTFT would miss the SLO.
