@@ -26,6 +26,7 @@ from __future__ import annotations
 from conductor.core.policies.base import DecodeChoice, PrefillChoice, SchedulingContext
 from conductor.core.policies.decode import _same_rack, tbt_factor
 from conductor.core.state import InstanceState
+from conductor.core.types import InstanceId
 
 
 def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
@@ -48,6 +49,16 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
             bw = p.spec.nic_bytes_per_s
             break
     seconds = cost.transfer_s(req.prompt_tokens, bw)
+    # the hand-off's earliest start on every decode instance: the stream's start and the
+    # prefill instance's egress (NicBook.handoff_tail_s, inlined: the ingress is per instance)
+    planned_in: dict[InstanceId, float] = {}
+    base = start
+    if nic is not None:
+        planned_in = nic.planned_in_s
+        e = nic.egress_free_s(src)
+        if e > base:
+            base = e
+    late = base + seconds - end  # the tail on a free ingress (may be < 0)
     best: InstanceState | None = None
     best_tbt = 0.0
     fallback: InstanceState | None = None
@@ -66,8 +77,11 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
             continue
         tbt = step_s(d.batch_size + 1, d.kv_reserved_tokens + need) * factor
         iid = spec.instance_id
-        if nic is not None and iid != src:
-            tbt += nic.handoff_tail_s(src, iid, start, end, seconds) * per_tail
+        if iid != src:
+            ingress = planned_in.get(iid, 0.0)
+            tail = ingress + seconds - end if ingress > base else late
+            if tail > 0.0:
+                tbt += tail * per_tail
         if room:
             if best is None or tbt < best_tbt:
                 best, best_tbt = inst, tbt
