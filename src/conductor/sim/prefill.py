@@ -52,7 +52,9 @@ class PrefillSide:
         self.nodes = {iid: e for iid, e in engines.items() if e.role.prefills}
         self.loop = loop
         self.baseline = cfg.scheduler.admission == "baseline"
-        rule = late_binding_of(scheduler)
+        # one hold queue in front of one scheduler; with several replicas (each a gateway
+        # with its own queue and its own lagging view) it is not modelled: they place at arrival
+        rule = late_binding_of(scheduler) if cfg.replicas == 1 else None
         self.held = HoldQueue(scheduler, rule) if rule is not None else None
         self.held_index: dict[RequestId, int] = {}
         self.wake_s = math.inf  # the earliest Wakeup in the queue
