@@ -39,7 +39,7 @@ from conductor.core.state import InstanceState
 from conductor.core.types import Request
 
 if TYPE_CHECKING:  # the scheduler's policies import this module
-    from conductor.core.scheduler import Scheduler
+    from conductor.core.scheduler import Prepared, Scheduler
 
 
 _EPS_S = 1e-9
@@ -114,49 +114,49 @@ class HoldQueue:
 
     def release(self, now_s: float) -> list[Decision]:
         """Schedule the held requests the cluster can start within the horizon, in
-        deadline order; the first that may not go yet stops the release (FIFO within a
-        deadline order: nothing overtakes the most urgent request)."""
+        deadline order; the first that may not go yet stops the release (nothing overtakes
+        the most urgent request). The check and the decision are one placement
+        (:meth:`~conductor.core.scheduler.Scheduler.prepare`, then ``decide``)."""
         out: list[Decision] = []
         heap = self._heap
+        sched = self.scheduler
         while heap:
             backlog = self.min_backlog_s(now_s)
             if backlog is None:
                 break  # no prefill instance: keep holding (the gateway would 503 instead)
             head = heap[0]
-            waited = now_s - head.arrival_s
-            budget = self._slo(head.request) - waited
+            slo = self._slo(head.request)
+            budget = slo - (now_s - head.arrival_s)
             if backlog > self.rule.horizon_s + _EPS_S and budget > backlog:
                 break
-            if self.rule.decode_aware and not self._decode_fits(head.request, now_s, budget):
+            if budget <= 0.0:
+                heapq.heappop(heap)
+                rid = head.request.request_id
+                why = f"waited {slo - budget:.3f}s, past its TTFT SLO"
+                out.append(Rejection(rid, "ttft_slo", why))
+                continue
+            prepared = sched.prepare(replace(head.request, ttft_slo_s=budget), now_s)
+            if isinstance(prepared, Rejection):
+                heapq.heappop(heap)
+                out.append(prepared)
+                continue
+            if self.rule.decode_aware and not self._decode_fits(prepared, now_s, budget):
                 break
             heapq.heappop(heap)
             self._give_up_s = None
-            out.append(self._schedule(head.request, now_s, budget))
+            out.append(sched.decide(prepared))
         return out
 
-    def _decode_fits(self, request: Request, now_s: float, budget_s: float) -> bool:
-        sched = self.scheduler
-        ctx = sched.context(request, now_s)
-        if ctx is None:
-            return True
-        pre = sched.policy.choose_prefill(ctx)
+    def _decode_fits(self, prepared: Prepared, now_s: float, budget_s: float) -> bool:
+        pre, dec = prepared.pre, prepared.dec
         if budget_s <= pre.ttft_s + self.rule.horizon_s:
             return True  # out of time: release it, admission decides
-        dec = sched.decode_policy.choose_decode(ctx, pre)
-        slo = request.tbt_slo_s or sched.config.tbt_slo_s
+        req = prepared.ctx.request
+        slo = req.tbt_slo_s or self.scheduler.config.tbt_slo_s
         if dec.fits and dec.tbt_s <= slo * (1.0 - self.rule.tbt_margin):
             return True
         self._give_up_s = now_s + budget_s - pre.ttft_s - self.rule.horizon_s
         return False
-
-    def _schedule(self, request: Request, now_s: float, budget_s: float) -> Decision:
-        if budget_s <= 0.0:
-            return Rejection(
-                request.request_id,
-                "ttft_slo",
-                f"waited {self._slo(request) - budget_s:.3f}s, past its TTFT SLO",
-            )
-        return self.scheduler.schedule(replace(request, ttft_slo_s=budget_s), now_s)
 
     def wakeup_s(self, now_s: float) -> float | None:
         """When the head may be released without any event: the earliest time a prefill
