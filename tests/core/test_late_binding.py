@@ -116,3 +116,24 @@ def test_an_instance_whose_egress_is_still_sending_is_not_free() -> None:
     assert isinstance(plan, Plan)
     blind = HoldQueue(make_conductor(1, 1, policy="conductor"), PLAIN)
     assert len(blind.submit(req("r1", hashes(), 40), 0.0)) == 1
+
+
+def test_cpp_is_considered_only_when_nobody_else_is_held() -> None:
+    """A 20,000-token prompt takes 20 s on one node, over half the 30 s TTFT SLO: with CPP
+    enabled and four idle nodes it is pipelined. Held behind busy nodes with a second such
+    request waiting, it is placed on one node when they free up (the cluster is busy); the
+    second, with nobody behind it, is pipelined over the three nodes left idle."""
+    big = 20_000
+    alone = make_conductor(4, 1, policy="conductor", cpp_enabled=True)
+    (plan,) = HoldQueue(alone, PLAIN).submit(req("r1", hashes(), big), 0.0)
+    assert isinstance(plan, Plan) and plan.cpp is not None and len(plan.cpp.nodes) >= 2
+    busy = make_conductor(4, 1, policy="conductor", cpp_enabled=True)
+    for i in range(4):
+        busy.instances[iid(f"p{i}")].prefill.assign(RequestId(f"x{i}"), 1.0, 0, 0.0)
+    q = HoldQueue(busy, PLAIN)
+    assert q.submit(req("r1", hashes(), big), 0.0) == []
+    assert q.submit(req("r2", hashes(), big), 0.0) == []
+    first, second = q.release(1.0)
+    assert isinstance(first, Plan) and first.cpp is None and first.prefill == "p0"
+    assert isinstance(second, Plan) and second.cpp is not None
+    assert second.cpp.nodes == ("p1", "p2", "p3")

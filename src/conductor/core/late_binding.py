@@ -23,8 +23,11 @@ for all, arrival order, so nothing starves), once
 
 On release the request is scheduled with its TTFT SLO reduced by the time it waited (so
 admission's TTFT check counts the wait); one whose budget is gone is rejected
-(``ttft_slo``) without a decision. The queue only decides *when* the scheduler is asked;
-admission is the scheduler's, the same for every policy.
+(``ttft_slo``) without a decision. Chunked pipeline parallelism (when the run enables it)
+is considered only for a request with nobody held behind it: CPP's helpers must be idle,
+and with a queue here instances look idle only because their work waits in it. The queue
+only decides *when* the scheduler is asked; admission is the scheduler's, the same for every
+policy.
 """
 
 from __future__ import annotations
@@ -135,7 +138,11 @@ class HoldQueue:
                 why = f"waited {slo - budget:.3f}s, past its TTFT SLO"
                 out.append(Rejection(rid, "ttft_slo", why))
                 continue
-            prepared = sched.prepare(replace(head.request, ttft_slo_s=budget), now_s)
+            # CPP only when nobody else waits: with requests held the cluster is busy, and
+            # its instances look idle only because the queue is here (CPP's helpers must be)
+            prepared = sched.prepare(
+                replace(head.request, ttft_slo_s=budget), now_s, cpp=len(heap) == 1
+            )
             if isinstance(prepared, Rejection):
                 heapq.heappop(heap)
                 out.append(prepared)

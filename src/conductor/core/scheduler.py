@@ -271,24 +271,24 @@ class Scheduler:
         prepared = self.prepare(request, now_s)
         return prepared if isinstance(prepared, Rejection) else self.decide(prepared)
 
-    def prepare(self, request: Request, now_s: float) -> Prepared | Rejection:
-        """The placement ``schedule`` would make now (prefill, CPP, decode), neither
-        admitted nor committed: a caller may look at it and drop it (late binding,
-        :mod:`conductor.core.late_binding`) or hand it to :meth:`decide` unchanged, before
-        anything else changes the state."""
+    def prepare(self, request: Request, now_s: float, *, cpp: bool = True) -> Prepared | Rejection:
+        """The placement ``schedule`` would make now (prefill, CPP unless ``cpp`` is False,
+        decode), neither admitted nor committed: a caller may look at it and drop it (late
+        binding, :mod:`conductor.core.late_binding`) or hand it to :meth:`decide`
+        unchanged, before anything else changes the state."""
         self.validate(request)
         ctx = self.context(request, now_s)
         if ctx is None:
             return Rejection(request.request_id, "no_instance", "no schedulable instance")
         pre = self.policy.choose_prefill(ctx)
-        cpp = (
+        plan = (
             pipeline_if_faster(self.cost, self.config, self.instances[pre.instance], ctx, pre)
-            if self.config.cpp_enabled
+            if cpp and self.config.cpp_enabled
             else None
         )
-        if cpp is not None:
-            pre = replace(pre, queue_s=cpp.queue_s, prefill_s=cpp.prefill_s)
-        return Prepared(ctx, pre, self.decode_policy.choose_decode(ctx, pre), cpp)
+        if plan is not None:
+            pre = replace(pre, queue_s=plan.queue_s, prefill_s=plan.prefill_s)
+        return Prepared(ctx, pre, self.decode_policy.choose_decode(ctx, pre), plan)
 
     def decide(self, prepared: Prepared) -> Decision:
         """Admission, then commit, of a placement from :meth:`prepare`."""
