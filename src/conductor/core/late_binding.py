@@ -33,12 +33,12 @@ policy.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from conductor.core.late_binding_rule import LateBinding
 from conductor.core.plan import Decision, Rejection
-from conductor.core.state import InstanceState
 from conductor.core.types import Request
 
 if TYPE_CHECKING:  # the scheduler's policies import this module
@@ -98,22 +98,41 @@ class HoldQueue:
         heapq.heappush(self._heap, _Held(now_s + self._slo(request), self._seq, now_s, request))
         return self.release(now_s)
 
-    def _busy_until_s(self, inst: InstanceState) -> float:
-        """When ``inst`` has computed its queue and, with ``nic_aware``, sent the KV it is
-        due to (a prefill instance whose compute outruns its NIC is not free)."""
-        t = inst.prefill.busy_until_s
-        if self.rule.nic_aware:
-            e = self.scheduler.nic.egress_free_s(inst.spec.instance_id)
-            if e > t:
-                return e
-        return t
-
-    def min_backlog_s(self, now_s: float) -> float | None:
+    def free_at_s(self) -> float | None:
+        """When the first prefill instance is predicted free: its compute queue done and,
+        with ``nic_aware``, its egress done sending the KV it is due to (a prefill instance
+        whose compute outruns its NIC is not free); None without prefill instances."""
         prefill_pool, _ = self.scheduler.pools()
         if not prefill_pool:
             return None
-        b = min(self._busy_until_s(i) for i in prefill_pool) - now_s
-        return b if b > 0.0 else 0.0
+        best = math.inf
+        if self.rule.nic_aware:
+            nic = self.scheduler.nic
+            booked = nic.out_free_s.get
+            planned = nic.planned_out_s.get
+            for inst in prefill_pool:
+                t = inst.prefill.busy_until_s
+                iid = inst.spec.instance_id
+                e = booked(iid, 0.0)
+                if e > t:
+                    t = e
+                e = planned(iid, 0.0)
+                if e > t:
+                    t = e
+                if t < best:
+                    best = t
+        else:
+            for inst in prefill_pool:
+                t = inst.prefill.busy_until_s
+                if t < best:
+                    best = t
+        return best
+
+    def min_backlog_s(self, now_s: float) -> float | None:
+        free = self.free_at_s()
+        if free is None:
+            return None
+        return free - now_s if free > now_s else 0.0
 
     def release(self, now_s: float) -> list[Decision]:
         """Schedule the held requests the cluster can start within the horizon, in
@@ -171,10 +190,10 @@ class HoldQueue:
         an event can change it)."""
         if not self._heap:
             return None
-        prefill_pool, _ = self.scheduler.pools()
-        if not prefill_pool:
+        free = self.free_at_s()
+        if free is None:
             return None
-        t = min(self._busy_until_s(i) for i in prefill_pool) - self.rule.horizon_s
+        t = free - self.rule.horizon_s
         if self._give_up_s is not None and (t <= now_s or self._give_up_s < t):
             t = self._give_up_s
         return t if t > now_s else None
