@@ -18,6 +18,7 @@ from conductor.workload.trace import (
 from conductor.workload.trace_format import TraceRecord
 
 Summaries = dict[str, dict[str, object]]
+ADMISSION_ONLY = {"late_binding": 0.0, "first_interval": 0.0}
 
 
 def _run(limit: int | None, n_decode: int, modes: tuple[str, ...]) -> Summaries:
@@ -31,9 +32,10 @@ def _sim(
     outputs = generated_tokens(records)
     out = {}
     for mode in modes:
-        cfg = SimConfig(
-            policy="conductor", n_decode=n_decode, scheduler=SchedulerConfig(admission=mode)
-        )
+        # admission alone: conductor's late binding (which holds a request until decode
+        # has room) and its first-interval decode choice would blur the modes' differences
+        sched = SchedulerConfig(admission=mode, policy_params=ADMISSION_ONLY)
+        cfg = SimConfig(policy="conductor", n_decode=n_decode, scheduler=sched)
         out[mode] = simulate(reqs, cfg, outputs=outputs).summary
     return out
 

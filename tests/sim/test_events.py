@@ -23,10 +23,11 @@ from conductor.sim.events import (
     FetchDone,
     KvEventDue,
     SimEvent,
+    Wakeup,
 )
 from conductor.sim.nodes import Engine, Seq
 
-KINDS = (Arrival, FetchDone, DecodeJoin, EngineStep, KvEventDue, CopyDone)
+KINDS = (Arrival, FetchDone, DecodeJoin, EngineStep, KvEventDue, CopyDone, Wakeup)
 
 
 def _engine(name: str, role: Role) -> Engine:
@@ -106,8 +107,9 @@ def _record_pops(
     [
         # sglang piles a hot prefix on one holder: background copies; KV events delayed
         ("sglang", {Arrival, DecodeJoin, EngineStep, KvEventDue, CopyDone}),
-        # conductor fetches the prefix to a less loaded instance instead
-        ("conductor", {Arrival, FetchDone, DecodeJoin, EngineStep, KvEventDue}),
+        # conductor fetches the prefix to a less loaded instance instead, and holds requests
+        # until an instance is free (late binding: woken at its predicted end)
+        ("conductor", {Arrival, FetchDone, DecodeJoin, EngineStep, KvEventDue, Wakeup}),
     ],
 )
 def test_a_run_pops_typed_events_in_time_then_seq_order(

@@ -83,13 +83,22 @@ def test_exact_engines_leave_the_scheduler_uncorrected() -> None:
     sim = _Simulation(requests, SimConfig(policy="mooncake", n_prefill=2, n_decode=2), outputs)
     sim.run(None)
     assert sim.scheduler.cost is COST
-    on_cfg = SimConfig(policy="conductor", n_prefill=2, n_decode=2)
+    # without late binding: a prefill that runs alone (as late binding has them) is chunked
+    # into more engine steps than the nominal model counts (one per-pass overhead each), a
+    # true 1% deviation the correction learns
+    alone = {"late_binding": 0.0}
+    on_cfg = SimConfig(
+        policy="conductor",
+        n_prefill=2,
+        n_decode=2,
+        scheduler=SchedulerConfig(policy_params=alone),
+    )
     on = simulate(requests, on_cfg, outputs=outputs).summary
     off_cfg = SimConfig(
         policy="conductor",
         n_prefill=2,
         n_decode=2,
-        scheduler=SchedulerConfig(cost_correction=False),
+        scheduler=SchedulerConfig(cost_correction=False, policy_params=alone),
     )
     off = simulate(requests, off_cfg, outputs=outputs).summary
     for key in ("ttft_s", "tbt_ms", "slo_attainment", "rejected", "goodput_rps"):

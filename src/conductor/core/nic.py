@@ -38,6 +38,12 @@ class NicBook:
     """Transfers requested in the future: a heap of (request time, sequence, source, target,
     earliest start, seconds), booked once ``now_s`` reaches their request time."""
     _seq: int = 0
+    planned_in_s: dict[InstanceId, float] = field(default_factory=dict)
+    """When each ingress is free once every transfer booked *or pending* into it has run
+    (pending ones chained in booking order from their earliest start): what a decode
+    instance's ingress looks like when a new hand-off reaches it."""
+    planned_out_s: dict[InstanceId, float] = field(default_factory=dict)
+    """The same for each egress: when a prefill instance has sent every KV it is due to."""
 
     def later(
         self,
@@ -51,6 +57,10 @@ class NicBook:
         ``start_s``); it holds no NIC for requests made before ``request_s``."""
         self._seq += 1
         heapq.heappush(self.pending, (request_s, self._seq, source, target, start_s, seconds))
+        planned = self.planned_in_s.get(target, 0.0)
+        self.planned_in_s[target] = (planned if planned > start_s else start_s) + seconds
+        planned = self.planned_out_s.get(source, 0.0)
+        self.planned_out_s[source] = (planned if planned > start_s else start_s) + seconds
 
     def release(self, now_s: float) -> None:
         """Book, in request order, the pending transfers requested by ``now_s``."""
@@ -75,7 +85,27 @@ class NicBook:
         end = start + seconds
         self.out_free_s[source] = end
         self.in_free_s[target] = end
+        if end > self.planned_in_s.get(target, 0.0):
+            self.planned_in_s[target] = end
+        if end > self.planned_out_s.get(source, 0.0):
+            self.planned_out_s[source] = end
         return end
+
+    def egress_free_s(self, source: InstanceId) -> float:
+        """When ``source``'s egress has sent everything booked or planned on it."""
+        booked = self.out_free_s.get(source, 0.0)
+        planned = self.planned_out_s.get(source, 0.0)
+        return booked if booked > planned else planned
+
+    def handoff_tail_s(
+        self, source: InstanceId, target: InstanceId, start_s: float, end_s: float, seconds: float
+    ) -> float:
+        """How long after ``end_s`` (the prefill's predicted end) a hand-off of ``seconds``
+        from ``source`` to ``target``, streaming from ``start_s``, is predicted to end: it
+        waits for ``source``'s egress as booked and ``target``'s ingress as planned."""
+        start = max(start_s, self.egress_free_s(source), self.planned_in_s.get(target, 0.0))
+        tail = start + seconds - end_s
+        return tail if tail > 0.0 else 0.0
 
     def book_plan(self, ctx: SchedulingContext, pre: PrefillChoice, decode: InstanceId) -> None:
         """Book a plan's KV transfers: the prefix fetch now, and the prompt's KV to

@@ -36,7 +36,13 @@ from conductor.core.output_length import (
     output_cap,
 )
 from conductor.core.plan import Decision, Fetch, Migration, Plan, Rejection
-from conductor.core.policies import DecodePolicy, PrefillChoice, SchedulingContext, make_policy
+from conductor.core.policies import (
+    DecodeChoice,
+    DecodePolicy,
+    PrefillChoice,
+    SchedulingContext,
+    make_policy,
+)
 from conductor.core.policies.decode import LeastTbtDecode
 from conductor.core.policies.registry import DEFAULT_POLICY
 from conductor.core.prefix_index import PrefixIndex
@@ -52,6 +58,16 @@ class _InFlight:
     output: OutputEstimate
     cpp_nodes: tuple[InstanceId, ...] = ()
     prefill_done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A placement :meth:`Scheduler.prepare` made, not yet admitted nor committed."""
+
+    ctx: SchedulingContext
+    pre: PrefillChoice
+    dec: DecodeChoice
+    cpp: PipelinePlan | None
 
 
 def length_model(config: SchedulerConfig) -> LengthHistogram:
@@ -252,20 +268,32 @@ class Scheduler:
 
     def schedule(self, request: Request, now_s: float) -> Decision:
         """Choose where ``request`` runs, or reject it; commits the choice to the state."""
+        prepared = self.prepare(request, now_s)
+        return prepared if isinstance(prepared, Rejection) else self.decide(prepared)
+
+    def prepare(self, request: Request, now_s: float, *, cpp: bool = True) -> Prepared | Rejection:
+        """The placement ``schedule`` would make now (prefill, CPP unless ``cpp`` is False,
+        decode), neither admitted nor committed: a caller may look at it and drop it (late
+        binding, :mod:`conductor.core.late_binding`) or hand it to :meth:`decide`
+        unchanged, before anything else changes the state."""
         self.validate(request)
         ctx = self.context(request, now_s)
         if ctx is None:
             return Rejection(request.request_id, "no_instance", "no schedulable instance")
-        self._rr += 1
         pre = self.policy.choose_prefill(ctx)
-        cpp = (
+        plan = (
             pipeline_if_faster(self.cost, self.config, self.instances[pre.instance], ctx, pre)
-            if self.config.cpp_enabled
+            if cpp and self.config.cpp_enabled
             else None
         )
-        if cpp is not None:
-            pre = replace(pre, queue_s=cpp.queue_s, prefill_s=cpp.prefill_s)
-        dec = self.decode_policy.choose_decode(ctx, pre)
+        if plan is not None:
+            pre = replace(pre, queue_s=plan.queue_s, prefill_s=plan.prefill_s)
+        return Prepared(ctx, pre, self.decode_policy.choose_decode(ctx, pre), plan)
+
+    def decide(self, prepared: Prepared) -> Decision:
+        """Admission, then commit, of a placement from :meth:`prepare`."""
+        ctx, pre, dec, cpp = prepared.ctx, prepared.pre, prepared.dec, prepared.cpp
+        self._rr += 1
         mode = self.config.admission
         if mode != "off":
             rejection = check_ttft(ctx, pre, dec.tbt_s)

@@ -7,7 +7,7 @@ Per-request work happens only when a request joins, is preempted or leaves.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -17,6 +17,10 @@ from conductor.core.types import InstanceId, Request
 from conductor.sim.engine import EngineLoop
 from conductor.sim.nodes import Engine, Seq
 from conductor.sim.records import RequestRecord, tail_mean_tbt
+
+
+def _ignore(t: float) -> None:
+    return None
 
 
 class DecodeSide:
@@ -41,6 +45,8 @@ class DecodeSide:
         self.nodes = {iid: e for iid, e in engines.items() if e.role.decodes}
         self.loop = loop
         loop.on_finished = self.on_finished
+        self.on_release: Callable[[float], None] = _ignore
+        """Called when a request left (late binding may place a held one)."""
 
     def on_join(self, t: float, decode: InstanceId, i: int) -> None:
         node = self.engines[decode]
@@ -66,6 +72,7 @@ class DecodeSide:
         rid = self.requests[i].request_id
         out = self.records[i].output_tokens
         self.scheduler.on_event(RequestFinished(rid, node.iid, t, out))
+        self.on_release(t)
 
     def finish_tbt(self) -> None:
         """Set every decoded request's ``tbt_s`` from its engines' step logs: its token

@@ -78,7 +78,13 @@ class CopyDone:
         self.hashes = hashes
 
 
-SimEvent = Arrival | FetchDone | DecodeJoin | EngineStep | KvEventDue | CopyDone
+class Wakeup:
+    """Late binding: a held request may be placed now (:mod:`conductor.core.late_binding`)."""
+
+    __slots__ = ()
+
+
+SimEvent = Arrival | FetchDone | DecodeJoin | EngineStep | KvEventDue | CopyDone | Wakeup
 
 
 class EventQueue:

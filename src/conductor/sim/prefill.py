@@ -13,12 +13,13 @@ import random
 from collections.abc import Sequence
 
 from conductor.core.events import BlocksRemoved, BlocksStored, Event, PrefillFinished
-from conductor.core.plan import Plan, Rejection
+from conductor.core.late_binding import HoldQueue, late_binding_of
+from conductor.core.plan import Decision, Plan, Rejection
 from conductor.core.scheduler import Scheduler
-from conductor.core.types import BlockHash, InstanceId, Request, Role, Tier
+from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role, Tier
 from conductor.sim.config import SimConfig
 from conductor.sim.engine import EngineLoop
-from conductor.sim.events import CopyDone, DecodeJoin, EventQueue, FetchDone, KvEventDue
+from conductor.sim.events import CopyDone, DecodeJoin, EventQueue, FetchDone, KvEventDue, Wakeup
 from conductor.sim.nodes import CppGroup, Engine, Seq, transfer
 from conductor.sim.records import RequestRecord
 
@@ -51,6 +52,12 @@ class PrefillSide:
         self.nodes = {iid: e for iid, e in engines.items() if e.role.prefills}
         self.loop = loop
         self.baseline = cfg.scheduler.admission == "baseline"
+        # one hold queue in front of one scheduler; with several replicas (each a gateway
+        # with its own queue and its own lagging view) it is not modelled: they place at arrival
+        rule = late_binding_of(scheduler) if cfg.replicas == 1 else None
+        self.held = HoldQueue(scheduler, rule) if rule is not None else None
+        self.held_index: dict[RequestId, int] = {}
+        self.wake_s = math.inf  # the earliest Wakeup in the queue
         loop.on_start = self.on_start
         loop.on_first_token = self.on_first_token
         loop.on_stage_done = self.on_stage_done
@@ -74,8 +81,35 @@ class PrefillSide:
     # -- a plan arrives ------------------------------------------------------------------
     def on_arrival(self, t: float, i: int) -> None:
         req = self.requests[i]
+        if self.held is None:
+            self.carry_out(t, i, self.scheduler.schedule(req, t))
+            return
+        self.held_index[req.request_id] = i
+        self.carry_out_all(t, self.held.submit(req, t))
+
+    def release(self, t: float) -> None:
+        """Late binding: place the held requests the cluster can now start, and ask to be
+        woken when the next one may go (:mod:`conductor.core.late_binding`)."""
+        if self.held is not None and len(self.held):
+            self.carry_out_all(t, self.held.release(t))
+
+    def carry_out_all(self, t: float, decisions: list[Decision]) -> None:
+        for d in decisions:
+            self.carry_out(t, self.held_index.pop(d.request_id), d)
+        assert self.held is not None
+        wake = self.held.wakeup_s(t)
+        if wake is not None and wake < self.wake_s:
+            self.wake_s = wake
+            self.push(wake, Wakeup())
+
+    def on_wakeup(self, t: float) -> None:
+        if t >= self.wake_s:
+            self.wake_s = math.inf
+        self.release(t)
+
+    def carry_out(self, t: float, i: int, decision: Decision) -> None:
+        req = self.requests[i]
         rec = self.records[i]
-        decision = self.scheduler.schedule(req, t)
         if isinstance(decision, Rejection):
             rec.rejected = decision.code
             rec.predicted_ttft_s = decision.predicted_ttft_s
@@ -196,6 +230,7 @@ class PrefillSide:
         cached = rec.local_tokens + rec.fetched_tokens
         done = PrefillFinished(req.request_id, node.iid, t, rec.prefill_compute_s, cached)
         self.scheduler.on_event(done)
+        self.release(t)
         rec.prefill_end_s = t
         self.store_blocks(t, node, req.block_hashes)
         if seq.decodes:  # role=both: it decodes where it was prefilled

@@ -24,7 +24,15 @@ from conductor.sim.config import SimConfig
 from conductor.sim.cruise import catch_up
 from conductor.sim.decode import DecodeSide
 from conductor.sim.engine import EngineLoop
-from conductor.sim.events import Arrival, CopyDone, DecodeJoin, EngineStep, EventQueue, FetchDone
+from conductor.sim.events import (
+    Arrival,
+    CopyDone,
+    DecodeJoin,
+    EngineStep,
+    EventQueue,
+    FetchDone,
+    Wakeup,
+)
 from conductor.sim.nodes import Engine
 from conductor.sim.perturb import EngineCost
 from conductor.sim.prefill import PrefillSide
@@ -136,6 +144,7 @@ class _Simulation:
             cfg, self.scheduler, requests, self.records, self.events, self.engines, self.loop
         )
         self.decode = DecodeSide(self.scheduler, requests, self.records, self.engines, self.loop)
+        self.decode.on_release = self.prefill.release
 
     def run(self, progress: Progress | None) -> None:
         push = self.events.push
@@ -176,6 +185,8 @@ class _Simulation:
                 prefill.on_fetch_done(t, ev.seq, ev.fetched)
             elif isinstance(ev, CopyDone):
                 prefill.store_blocks(t, ev.engine, ev.hashes)
+            elif isinstance(ev, Wakeup):
+                prefill.on_wakeup(t)
             else:  # KvEventDue (mypy checks that no other kind is left)
                 self.scheduler.on_event(ev.event)
         if progress is not None:

@@ -12,6 +12,13 @@ it keeps the choice right when a transfer is slow, e.g. a congested or cross-rac
 the fewest queued tokens, then pool order. The fetch becomes a replica on ``p`` (hot-spot
 migration, lines 20-21).
 
+Decode: the lowest predicted TBT with the KV hand-off's tail in the first interval
+(:mod:`conductor.core.policies.first_interval`). Late binding (``late_binding``,
+:mod:`conductor.core.late_binding`): requests are held, earliest deadline first, until a
+prefill instance is predicted free (compute and NIC; horizon 0) and a decode instance is
+predicted within 90% of the TBT SLO; the shell (the simulator; not yet the gateway) runs the
+queue. Both were chosen on generated workloads only (docs/policies.md).
+
 The rest of Conductor comes from the scheduler configuration that the shells build for this
 policy (``config_defaults``): early rejection against both SLOs (arXiv §7.2) and
 chunked pipeline parallel prefill for prompts whose single-node TTFT would miss the SLO.
@@ -24,7 +31,10 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from conductor.core.policies.base import PrefillChoice, SchedulingContext
+from conductor.core.late_binding_rule import LateBinding
+from conductor.core.policies.base import DecodeChoice, PrefillChoice, SchedulingContext
+from conductor.core.policies.decode import least_tbt
+from conductor.core.policies.first_interval import first_interval_tbt
 from conductor.core.policies.registry import register
 from conductor.core.state import InstanceState
 
@@ -33,6 +43,7 @@ from conductor.core.state import InstanceState
 class ConductorPolicy:
     name: ClassVar[str] = "conductor"
     config_defaults: ClassVar[dict[str, object]] = {"admission": "early", "cpp_enabled": True}
+    late_binding: ClassVar[LateBinding] = LateBinding(horizon_s=0.0, tbt_margin=0.1)
 
     def choose_prefill(self, ctx: SchedulingContext) -> PrefillChoice:
         """``argmin_i min(TTFT_local(i), TTFT_fetch(i))`` with the tie-break above.
@@ -68,6 +79,14 @@ class ConductorPolicy:
                 winner, winner_key, winner_fetches = inst, key, fetches
         assert winner is not None, "prefill pool is empty"
         return ctx.fetch_choice(winner) if winner_fetches else ctx.local_choice(winner)
+
+    def choose_decode(self, ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
+        """The lowest predicted TBT with the KV hand-off's tail in the first interval
+        (:mod:`conductor.core.policies.first_interval`), unless the run switches it off
+        (``policy_params["first_interval"] == 0``: Mooncake's load-balancing decoding)."""
+        if ctx.config.policy_params.get("first_interval", 1.0) == 0.0:
+            return least_tbt(ctx, prefill)
+        return first_interval_tbt(ctx, prefill)
 
 
 def _estimate(

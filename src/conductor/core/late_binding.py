@@ -1,0 +1,199 @@
+"""Late binding: hold requests at the scheduler and place each one only when the cluster
+can start it soon, so that every decision sees fresh load and cache state.
+
+A policy opts in with a ``late_binding`` attribute (:class:`LateBinding`; ``conductor``
+does); ``SchedulerConfig.policy_params["late_binding"] = 0`` switches it off for a run.
+:class:`HoldQueue` is pure bookkeeping over a :class:`~conductor.core.scheduler.Scheduler`:
+the shell calls :meth:`HoldQueue.submit` at arrival, :meth:`HoldQueue.release` whenever
+the cluster's state may have changed (a prefill or a request ended) or the time
+:meth:`HoldQueue.wakeup_s` named has come, and carries out the decisions they return.
+
+A held request is released, in order of its deadline (arrival + its TTFT SLO; with one SLO
+for all, arrival order, so nothing starves), once
+
+* some prefill instance's predicted backlog is below ``horizon_s`` (the instance will be
+  idle within the horizon: the request would not start earlier if it were queued there
+  now), and
+* with ``decode_aware``, the decode pool has an instance whose predicted TBT with every
+  request already assigned to it (also those still in prefill) plus this one meets the TBT
+  SLO with KV room (the decode policy's ``fits``), or the request's TTFT budget is about to
+  run out (waited + its best prefill time + ``horizon_s`` >= its TTFT SLO): then it is
+  released anyway and admission decides, so holding never turns into a rejection by
+  itself.
+
+On release the request is scheduled with its TTFT SLO reduced by the time it waited (so
+admission's TTFT check counts the wait); one whose budget is gone is rejected
+(``ttft_slo``) without a decision. Chunked pipeline parallelism (when the run enables it)
+is considered only for a request with nobody held behind it: CPP's helpers must be idle,
+and with a queue here instances look idle only because their work waits in it. The queue
+only decides *when* the scheduler is asked; admission is the scheduler's, the same for every
+policy.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from conductor.core.late_binding_rule import LateBinding
+from conductor.core.plan import Decision, Rejection
+from conductor.core.types import Request
+
+if TYPE_CHECKING:  # the scheduler's policies import this module
+    from conductor.core.scheduler import Prepared, Scheduler
+
+
+_EPS_S = 1e-9
+"""Float slack when a wakeup at ``busy_until - horizon`` compares the backlog again."""
+
+
+def late_binding_of(scheduler: Scheduler) -> LateBinding | None:
+    """The scheduler's policy's late-binding rule, unless the run switches it off
+    (``policy_params["late_binding"] == 0``); ``policy_params["late_binding_horizon_s"]``
+    and ``["late_binding_decode_aware"]`` override its parameters."""
+    rule = getattr(scheduler.policy, "late_binding", None)
+    if not isinstance(rule, LateBinding):
+        return None
+    params = scheduler.config.policy_params
+    if params.get("late_binding", 1.0) == 0.0:
+        return None
+    return LateBinding(
+        params.get("late_binding_horizon_s", rule.horizon_s),
+        bool(params.get("late_binding_decode_aware", float(rule.decode_aware))),
+        params.get("late_binding_tbt_margin", rule.tbt_margin),
+        bool(params.get("late_binding_nic_aware", float(rule.nic_aware))),
+    )
+
+
+@dataclass(order=True, slots=True)
+class _Held:
+    deadline_s: float
+    seq: int
+    arrival_s: float
+    request: Request
+
+
+class HoldQueue:
+    """Requests waiting to be placed, earliest deadline first."""
+
+    def __init__(self, scheduler: Scheduler, rule: LateBinding) -> None:
+        self.scheduler = scheduler
+        self.rule = rule
+        self._heap: list[_Held] = []
+        self._seq = 0
+        self._give_up_s: float | None = None  # when the held head must go, decode or not
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def _slo(self, request: Request) -> float:
+        return request.ttft_slo_s or self.scheduler.config.ttft_slo_s
+
+    def submit(self, request: Request, now_s: float) -> list[Decision]:
+        """Hold ``request`` (arrived at ``now_s``); returns what can be released now."""
+        self.scheduler.validate(request)
+        self._seq += 1
+        heapq.heappush(self._heap, _Held(now_s + self._slo(request), self._seq, now_s, request))
+        return self.release(now_s)
+
+    def free_at_s(self) -> float | None:
+        """When the first prefill instance is predicted free: its compute queue done and,
+        with ``nic_aware``, its egress done sending the KV it is due to (a prefill instance
+        whose compute outruns its NIC is not free); None without prefill instances."""
+        prefill_pool, _ = self.scheduler.pools()
+        if not prefill_pool:
+            return None
+        best = math.inf
+        if self.rule.nic_aware:
+            nic = self.scheduler.nic
+            booked = nic.out_free_s.get
+            planned = nic.planned_out_s.get
+            for inst in prefill_pool:
+                t = inst.prefill.busy_until_s
+                iid = inst.spec.instance_id
+                e = booked(iid, 0.0)
+                if e > t:
+                    t = e
+                e = planned(iid, 0.0)
+                if e > t:
+                    t = e
+                if t < best:
+                    best = t
+        else:
+            for inst in prefill_pool:
+                t = inst.prefill.busy_until_s
+                if t < best:
+                    best = t
+        return best
+
+    def min_backlog_s(self, now_s: float) -> float | None:
+        free = self.free_at_s()
+        if free is None:
+            return None
+        return free - now_s if free > now_s else 0.0
+
+    def release(self, now_s: float) -> list[Decision]:
+        """Schedule the held requests the cluster can start within the horizon, in
+        deadline order; the first that may not go yet stops the release (nothing overtakes
+        the most urgent request). The check and the decision are one placement
+        (:meth:`~conductor.core.scheduler.Scheduler.prepare`, then ``decide``)."""
+        out: list[Decision] = []
+        heap = self._heap
+        sched = self.scheduler
+        while heap:
+            backlog = self.min_backlog_s(now_s)
+            if backlog is None:
+                break  # no prefill instance: keep holding (the gateway would 503 instead)
+            head = heap[0]
+            slo = self._slo(head.request)
+            budget = slo - (now_s - head.arrival_s)
+            if backlog > self.rule.horizon_s + _EPS_S and budget > backlog:
+                break
+            if budget <= 0.0:
+                heapq.heappop(heap)
+                rid = head.request.request_id
+                why = f"waited {slo - budget:.3f}s, past its TTFT SLO"
+                out.append(Rejection(rid, "ttft_slo", why))
+                continue
+            # CPP only when nobody else waits: with requests held the cluster is busy, and
+            # its instances look idle only because the queue is here (CPP's helpers must be)
+            prepared = sched.prepare(
+                replace(head.request, ttft_slo_s=budget), now_s, cpp=len(heap) == 1
+            )
+            if isinstance(prepared, Rejection):
+                heapq.heappop(heap)
+                out.append(prepared)
+                continue
+            if self.rule.decode_aware and not self._decode_fits(prepared, now_s, budget):
+                break
+            heapq.heappop(heap)
+            self._give_up_s = None
+            out.append(sched.decide(prepared))
+        return out
+
+    def _decode_fits(self, prepared: Prepared, now_s: float, budget_s: float) -> bool:
+        pre, dec = prepared.pre, prepared.dec
+        if budget_s <= pre.ttft_s + self.rule.horizon_s:
+            return True  # out of time: release it, admission decides
+        req = prepared.ctx.request
+        slo = req.tbt_slo_s or self.scheduler.config.tbt_slo_s
+        if dec.fits and dec.tbt_s <= slo * (1.0 - self.rule.tbt_margin):
+            return True
+        self._give_up_s = now_s + budget_s - pre.ttft_s - self.rule.horizon_s
+        return False
+
+    def wakeup_s(self, now_s: float) -> float | None:
+        """When the head may be released without any event: the earliest time a prefill
+        instance's predicted backlog drops below the horizon (None: nothing held, or only
+        an event can change it)."""
+        if not self._heap:
+            return None
+        free = self.free_at_s()
+        if free is None:
+            return None
+        t = free - self.rule.horizon_s
+        if self._give_up_s is not None and (t <= now_s or self._give_up_s < t):
+            t = self._give_up_s
+        return t if t > now_s else None

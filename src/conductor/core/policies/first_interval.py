@@ -1,0 +1,97 @@
+"""``conductor``'s decode placement: the lowest predicted TBT *including the first
+interval* — the KV hand-off's tail after the prefill ends.
+
+Load-balancing decoding (:func:`~conductor.core.policies.decode.least_tbt`) predicts
+``TBT = step * (1 + 0.5 / k)``: the step time with the request added (every request
+assigned to the instance, also those still in prefill, at the context it will reach), the
+first interval taken as one and a half steps (the wait for the running iteration, then its
+own), ``k = ceil(0.1 * (E[out] - 1))`` the number of longest intervals TBT averages. The
+first interval is longer when the prompt's KV is still on its way when the prefill ends:
+the hand-off streams from the prefill's start over the prefill instance's egress and the
+decode instance's ingress, behind the transfers already booked or planned on them
+(:meth:`~conductor.core.nic.NicBook.handoff_tail_s`); what is left of it after the
+prefill's end (``tail``) adds to the first interval, so
+
+``TBT(d) = step(d) * (1 + 0.5 / k) + tail(d) / k``.
+
+The tail differs between decode instances by their ingress: a burst of requests placed on
+one instance (e.g. the one that just freed room) queues their hand-offs on its NIC. The
+rest — KV room, batch limit, ``fits``, the same-rack preference — is
+:func:`~conductor.core.policies.decode.least_tbt`'s. No parameter: every term is the cost
+model's or the NIC book's.
+"""
+
+from __future__ import annotations
+
+from conductor.core.policies.base import DecodeChoice, PrefillChoice, SchedulingContext
+from conductor.core.policies.decode import _same_rack, tbt_factor
+from conductor.core.state import InstanceState
+from conductor.core.types import InstanceId
+
+
+def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
+    req = ctx.request
+    slo = req.tbt_slo_s or ctx.config.tbt_slo_s
+    out = ctx.output
+    need = int(req.prompt_tokens + out.mean)
+    room_need = req.prompt_tokens + out.high
+    factor = tbt_factor(out.mean)
+    per_tail = 2.0 * (factor - 1.0)  # 1 / k
+    cost = ctx.cost
+    step_s = cost.decode_step_s
+    nic = ctx.nic
+    end = ctx.now_s + prefill.ttft_s
+    start = end - prefill.prefill_s
+    src = prefill.instance
+    bw = None
+    for p in ctx.prefill_pool:
+        if p.spec.instance_id == src:
+            bw = p.spec.nic_bytes_per_s
+            break
+    seconds = cost.transfer_s(req.prompt_tokens, bw)
+    # the hand-off's earliest start on every decode instance: the stream's start and the
+    # prefill instance's egress (NicBook.handoff_tail_s, inlined: the ingress is per instance)
+    planned_in: dict[InstanceId, float] = {}
+    base = start
+    if nic is not None:
+        planned_in = nic.planned_in_s
+        e = nic.egress_free_s(src)
+        if e > base:
+            base = e
+    late = base + seconds - end  # the tail on a free ingress (may be < 0)
+    best: InstanceState | None = None
+    best_tbt = 0.0
+    fallback: InstanceState | None = None
+    fallback_tbt = 0.0
+    for inst in ctx.decode_pool:
+        d = inst.decode
+        spec = inst.spec
+        kv = spec.kv_capacity_tokens
+        if kv is None:
+            kv = cost.kv_capacity_tokens
+        most = spec.max_batch_size
+        if most is None:
+            most = cost.max_batch_size
+        room = d.kv_reserved_tokens + room_need <= kv and d.batch_size < most
+        if not room and best is not None:
+            continue
+        tbt = step_s(d.batch_size + 1, d.kv_reserved_tokens + need) * factor
+        iid = spec.instance_id
+        if iid != src:
+            ingress = planned_in.get(iid, 0.0)
+            tail = ingress + seconds - end if ingress > base else late
+            if tail > 0.0:
+                tbt += tail * per_tail
+        if room:
+            if best is None or tbt < best_tbt:
+                best, best_tbt = inst, tbt
+        elif fallback is None or tbt < fallback_tbt:
+            fallback, fallback_tbt = inst, tbt
+    if best is not None:
+        if best_tbt <= slo and len(ctx.decode_pool) > 1:
+            near = _same_rack(ctx, prefill, best, slo)
+            if near is not None:
+                return near
+        return DecodeChoice(best.spec.instance_id, best_tbt, best_tbt <= slo)
+    assert fallback is not None, "decode pool is empty"
+    return DecodeChoice(fallback.spec.instance_id, fallback_tbt, False)

@@ -1,0 +1,65 @@
+"""``conductor``'s decode choice prices the KV hand-off's tail in the first interval
+(``conductor.core.policies.first_interval``), from the NIC book's planned transfers.
+
+Cost model (helpers): prefill 1 ms per new token, decode step 10 ms + 1 ms per request,
+transfer 10 us per token; requests are predicted to generate 10 tokens (k = 1, factor 1.5).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conductor.core.nic import NicBook
+from conductor.core.plan import Plan
+from conductor.core.policies.decode import tbt_factor
+
+from .helpers import hashes, iid, make_conductor, req
+
+
+def test_planned_transfers_chain_on_each_ingress_and_egress() -> None:
+    book = NicBook()
+    p0, p1, d0 = iid("p0"), iid("p1"), iid("d0")
+    book.later(1.0, p0, d0, 0.5, 0.25)  # requested at 1.0, may stream from 0.5
+    book.later(2.0, p1, d0, 0.6, 0.5)  # chained behind it on d0's ingress
+    assert book.planned_in_s[d0] == pytest.approx(1.25)
+    assert book.egress_free_s(p0) == pytest.approx(0.75)
+    assert book.egress_free_s(p1) == pytest.approx(1.1)
+    # a hand-off p0 -> d0 streaming from 0.9, its prefill ending at 1.0, 0.25 s long:
+    # d0's ingress is planned busy until 1.25, so it ends at 1.5: 0.5 s after the prefill
+    assert book.handoff_tail_s(p0, d0, 0.9, 1.0, 0.25) == pytest.approx(0.5)
+    assert book.handoff_tail_s(p0, iid("d1"), 0.9, 1.0, 0.25) == pytest.approx(0.15)
+    assert book.handoff_tail_s(p0, iid("d1"), 0.9, 2.0, 0.25) == 0.0
+    book.book(p0, d0, 3.0, 1.0)  # a booked transfer moves both plans on
+    assert book.planned_in_s[d0] == 4.0 and book.egress_free_s(p0) == 4.0
+
+
+def test_the_decode_choice_avoids_an_ingress_with_a_hand_off_planned() -> None:
+    """Two idle decode instances; a 1 s hand-off is planned into d0. r1 (40 tokens, prefill
+    40 ms from 0, its KV 0.4 ms on the wire) would wait for it there: tail 1.0004 - 0.04."""
+    c = make_conductor(1, 2, policy="conductor")
+    c.nic.later(0.01, iid("p9"), iid("d0"), 0.0, 1.0)
+    plan = c.schedule(req("r1", hashes(), 40), 0.0)
+    assert isinstance(plan, Plan) and plan.decode == "d1"
+    assert tbt_factor(10) == 1.5
+    assert plan.predicted_tbt_s == pytest.approx(0.011 * 1.5)
+    # the same state without the tail term: load-balancing decoding takes the first, d0
+    c2 = make_conductor(1, 2, policy="conductor", policy_params={"first_interval": 0.0})
+    c2.nic.later(0.01, iid("p9"), iid("d0"), 0.0, 1.0)
+    plan2 = c2.schedule(req("r1", hashes(), 40), 0.0)
+    assert isinstance(plan2, Plan) and plan2.decode == "d0"
+
+
+def test_a_busier_instance_wins_when_the_other_s_tail_costs_more() -> None:
+    """d1 runs 5 more requests (5 ms more per step: 7.5 ms of TBT); d0's planned hand-off
+    leaves r1's KV 10 ms late (TBT + 10 ms with k = 1): d1. With a 5 ms tail: d0."""
+    for tail_s, want in ((0.0496, "d1"), (0.0446, "d0")):
+        c = make_conductor(1, 2, policy="conductor")
+        d1 = c.instances[iid("d1")].decode
+        for i in range(5):
+            d1.admit(f"x{i}", 1, 0, started=True)  # type: ignore[arg-type]
+        c.nic.later(0.01, iid("p9"), iid("d0"), 0.0, tail_s)
+        plan = c.schedule(req("r1", hashes(), 40), 0.0)
+        assert isinstance(plan, Plan) and plan.decode == want, tail_s
+        busy = 0.016 * 1.5
+        idle = 0.011 * 1.5 + (tail_s + 0.0004 - 0.04)
+        assert plan.predicted_tbt_s == pytest.approx(min(busy, idle))

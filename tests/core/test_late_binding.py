@@ -1,0 +1,139 @@
+"""Late binding (``conductor.core.late_binding``): requests held until the cluster can start
+them, released in deadline order with their TTFT budget reduced by the wait.
+
+Cost model (helpers): prefill 1 ms per new token, decode step 10 ms + 1 ms per request,
+transfer 10 us per token, KV capacity 100,000 tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from conductor.core.late_binding import HoldQueue, late_binding_of
+from conductor.core.late_binding_rule import LateBinding
+from conductor.core.plan import Plan, Rejection
+from conductor.core.types import RequestId
+
+from .helpers import hashes, iid, make_conductor, req
+
+PLAIN = LateBinding(horizon_s=0.0, decode_aware=False, nic_aware=False)
+
+
+def test_conductor_brings_late_binding_and_a_run_can_switch_it_off() -> None:
+    on = make_conductor(1, 1, policy="conductor")
+    assert late_binding_of(on) == LateBinding(0.0, True, 0.1, True)
+    off = make_conductor(1, 1, policy="conductor", policy_params={"late_binding": 0.0})
+    assert late_binding_of(off) is None
+    wide = make_conductor(1, 1, policy="conductor", policy_params={"late_binding_horizon_s": 2.0})
+    assert late_binding_of(wide) == LateBinding(2.0, True, 0.1, True)
+    assert late_binding_of(make_conductor(1, 1, policy="mooncake")) is None
+    with pytest.raises(ValueError, match="horizon_s"):
+        LateBinding(-1.0)
+
+
+def test_a_request_waits_until_the_instance_is_predicted_free() -> None:
+    c = make_conductor(1, 1, policy="conductor")
+    q = HoldQueue(c, PLAIN)
+    first = q.submit(req("r1", hashes(), 40), 0.0)
+    assert [type(d) for d in first] == [Plan] and first[0].predicted_ttft_s == pytest.approx(0.04)
+    assert q.submit(req("r2", hashes(), 40), 0.01) == [] and len(q) == 1
+    assert q.wakeup_s(0.01) == pytest.approx(0.04)  # p0's predicted end, horizon 0
+    assert q.release(0.03) == []
+    (second,) = q.release(0.04)
+    assert isinstance(second, Plan) and second.request_id == "r2"
+    assert second.queue_s == 0.0 and second.predicted_ttft_s == pytest.approx(0.04)
+    assert len(q) == 0 and q.wakeup_s(0.04) is None
+
+
+def test_earliest_deadline_goes_first_and_the_wait_counts_against_the_ttft_slo() -> None:
+    """TTFT SLO 100 ms. r2 (deadline 0.10) and r3 (own SLO 90 ms from 0.005: deadline
+    0.095) wait behind r1 (p0 busy until 0.04); r4's SLO (25 ms) is shorter than p0's
+    backlog at its arrival: released at once, and the scheduler rejects it. At 0.04 r3 goes
+    first; r2 waits behind it (until 0.08) and then has 20 ms left for a 40 ms prefill."""
+    c = make_conductor(1, 1, policy="conductor", admission="early", ttft_slo_s=0.1)
+    q = HoldQueue(c, PLAIN)
+    q.submit(req("r1", hashes(), 40), 0.0)
+    assert q.submit(req("r2", hashes(), 40), 0.0) == []
+    assert q.submit(replace(req("r3", hashes(), 40), ttft_slo_s=0.09), 0.005) == []
+    (r4,) = q.submit(replace(req("r4", hashes(), 40), ttft_slo_s=0.025), 0.01)
+    assert isinstance(r4, Rejection) and r4.code == "ttft_slo"
+    (r3,) = q.release(0.04)
+    assert isinstance(r3, Plan) and r3.request_id == "r3"
+    (r2,) = q.release(0.08)
+    assert isinstance(r2, Rejection) and r2.code == "ttft_slo"
+    assert "SLO 0.020s" in r2.reason
+
+
+def test_a_request_past_its_deadline_is_rejected_without_a_decision() -> None:
+    c = make_conductor(1, 1, policy="conductor", admission="early", ttft_slo_s=1.0)
+    q = HoldQueue(c, LateBinding(0.0, decode_aware=True, nic_aware=False))
+    c.instances[iid("d0")].decode.admit(RequestId("x"), 99_995, 0, started=True)  # no room
+    assert q.submit(req("r1", hashes(), 40), 0.0) == []
+    (late,) = q.release(1.5)  # the shell woke it late
+    assert isinstance(late, Rejection) and late.code == "ttft_slo"
+    assert late.reason == "waited 1.500s, past its TTFT SLO"
+    assert c.inflight() == 0
+
+
+def test_a_request_is_held_while_no_decode_instance_has_room_until_its_budget_runs_out() -> None:
+    c = make_conductor(1, 1, policy="conductor", admission="early")
+    q = HoldQueue(c, LateBinding(0.0, decode_aware=True, nic_aware=False))
+    d0 = c.instances[iid("d0")].decode
+    d0.admit(RequestId("x"), 99_995, 0, started=True)  # 5 tokens of KV left
+    assert q.submit(req("r1", hashes(), 40), 0.0) == []
+    # TTFT SLO 30 s; it must go when 30 - 0.04 (its TTFT) is used up, decode or not
+    assert q.wakeup_s(0.0) == pytest.approx(29.96)
+    d0.release(RequestId("x"))
+    (plan,) = q.release(1.0)
+    assert isinstance(plan, Plan) and plan.decode == "d0"
+
+
+def test_the_margin_holds_a_request_whose_predicted_tbt_is_near_the_slo() -> None:
+    """Requests are predicted to generate 200 tokens: TBT = step x 1.025 (k = 20 longest
+    intervals). d0 runs 86 requests; with r1 the step is 10 + 87 ms."""
+    c = make_conductor(1, 1, policy="conductor", admission="off", output_prior_tokens=200)
+    d0 = c.instances[iid("d0")].decode
+    for i in range(86):
+        d0.admit(RequestId(f"x{i}"), 1, 0, started=True)
+    # step(87) = 97 ms, x 1.025 = 99.4 ms: fits the 100 ms SLO, not 90% of it
+    strict = HoldQueue(c, LateBinding(0.0, decode_aware=True, tbt_margin=0.1, nic_aware=False))
+    assert strict.submit(req("r1", hashes(), 40), 0.0) == []
+    loose = HoldQueue(c, LateBinding(0.0, decode_aware=True, tbt_margin=0.0, nic_aware=False))
+    (plan,) = loose.submit(req("r2", hashes(), 40), 0.0)
+    assert isinstance(plan, Plan)
+    assert plan.predicted_tbt_s == pytest.approx(0.097 * 1.025)
+
+
+def test_an_instance_whose_egress_is_still_sending_is_not_free() -> None:
+    c = make_conductor(1, 1, policy="conductor")
+    c.nic.book(iid("p0"), iid("d0"), 0.0, 0.5)  # a hand-off holds p0's NIC until 0.5
+    q = HoldQueue(c, LateBinding(0.0, decode_aware=False, nic_aware=True))
+    assert q.submit(req("r1", hashes(), 40), 0.0) == []
+    assert q.wakeup_s(0.0) == pytest.approx(0.5)
+    (plan,) = q.release(0.5)
+    assert isinstance(plan, Plan)
+    blind = HoldQueue(make_conductor(1, 1, policy="conductor"), PLAIN)
+    assert len(blind.submit(req("r1", hashes(), 40), 0.0)) == 1
+
+
+def test_cpp_is_considered_only_when_nobody_else_is_held() -> None:
+    """A 20,000-token prompt takes 20 s on one node, over half the 30 s TTFT SLO: with CPP
+    enabled and four idle nodes it is pipelined. Held behind busy nodes with a second such
+    request waiting, it is placed on one node when they free up (the cluster is busy); the
+    second, with nobody behind it, is pipelined over the three nodes left idle."""
+    big = 20_000
+    alone = make_conductor(4, 1, policy="conductor", cpp_enabled=True)
+    (plan,) = HoldQueue(alone, PLAIN).submit(req("r1", hashes(), big), 0.0)
+    assert isinstance(plan, Plan) and plan.cpp is not None and len(plan.cpp.nodes) >= 2
+    busy = make_conductor(4, 1, policy="conductor", cpp_enabled=True)
+    for i in range(4):
+        busy.instances[iid(f"p{i}")].prefill.assign(RequestId(f"x{i}"), 1.0, 0, 0.0)
+    q = HoldQueue(busy, PLAIN)
+    assert q.submit(req("r1", hashes(), big), 0.0) == []
+    assert q.submit(req("r2", hashes(), big), 0.0) == []
+    first, second = q.release(1.0)
+    assert isinstance(first, Plan) and first.cpp is None and first.prefill == "p0"
+    assert isinstance(second, Plan) and second.cpp is not None
+    assert second.cpp.nodes == ("p1", "p2", "p3")
