@@ -51,6 +51,7 @@ from conductor.core.cost_file import parse_cost_file  # noqa: E402
 from conductor.replay.fidelity import (  # noqa: E402
     EngineShape,
     Scaling,
+    alone_slowdown,
     busy_fraction,
     compare,
     ordering,
@@ -71,6 +72,19 @@ from conductor.workload.trace import (  # noqa: E402
 from tests.engines.fixtures import TINY_MODEL, missing_prerequisites  # noqa: E402
 
 POLICIES = ("round_robin", "least_loaded", "conductor")
+FIDELITY_MODEL = Path.home() / ".cache" / "conductor" / "fidelity-model"
+
+
+def ensure_model(path: Path) -> None:
+    """Make bench/fidelity_model.py's model at ``path`` if it is not there."""
+    if (path / ".generated").exists() or path.resolve() == TINY_MODEL.resolve():
+        return
+    import subprocess
+
+    py = REPO / ".venv-vllm" / "bin" / "python"
+    subprocess.run([str(py), str(REPO / "bench" / "fidelity_model.py"), str(path)], check=True)
+
+
 SPEEDS = (0.25, 0.35, 0.5, 0.6, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
 
 
@@ -132,6 +146,10 @@ def replays(
     args: Any, work: Path,
 ) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in args.policies}
+    for _ in range(args.warmup if kind == "vllm" else 0):
+        # Unmeasured: vLLM's CPU kernels are slow the first time they meet a batch shape
+        # (first replays ran slower than later ones of the same policy).
+        warm(engines, cost_file, trace, speed, args, work)
     for rep in range(args.repeats):
         for i, policy in enumerate(args.policies):
             codes = fc.reset_prefix_cache(engines)
@@ -160,7 +178,24 @@ def replays(
     return runs
 
 
-def analyse(sim: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+def warm(
+    engines: list[fc.Engine], cost_file: Path, trace: Path, speed: float, args: Any, work: Path
+) -> None:
+    """One unmeasured replay of the slice (token seed 0, round robin)."""
+    gw = fc.gateway(
+        engines, cost_file, "round_robin", args.admission, args.flags, work,
+        ttft_slo_s=args.ttft_slo_s, tbt_slo_ms=args.tbt_slo_ms,
+    )  # fmt: skip
+    with gw as url:
+        run = fc.replay(url, trace, speed, 0, engines, work / "warmup.json", "warmup",
+                        args.flags.model)  # fmt: skip
+    s = run["summary"]
+    print(f"warm-up: mean TTFT {s['ttft_s']['mean']:.4f} s", file=sys.stderr, flush=True)
+
+
+def analyse(
+    sim: dict[str, Any], runs: dict[str, list[dict[str, Any]]], cost: Any
+) -> dict[str, Any]:
     """Per policy and repeat: the simulation against each measured run."""
     out: dict[str, Any] = {}
     for policy, reps in runs.items():
@@ -170,6 +205,8 @@ def analyse(sim: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> dict[
             sim_hit = float(sim[policy]["summary"]["cache_hit_rate"])
             real_hit = run["engine_hit_rate"]
             c["hit_rate_sim"] = round(sim_hit, 4)
+            c["alone_slowdown_measured"] = alone_slowdown(run["rows"], cost)
+            c["alone_slowdown_sim"] = alone_slowdown(sim[policy]["rows"], cost)
             c["hit_rate_engines"] = None if real_hit is None else round(real_hit, 4)
             c["hit_rate_error_points"] = (
                 None if real_hit is None else round(100 * (sim_hit - real_hit), 2)
@@ -220,6 +257,7 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=300)
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured replays first (vLLM)")
     p.add_argument("--speed", default="auto", help="replay speed, or auto (see 4.)")
     p.add_argument("--target-busy", type=float, default=0.65)
     p.add_argument("--policies", default=",".join(POLICIES))
@@ -231,7 +269,12 @@ def main() -> int:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--pin", action="store_true", help="taskset each engine to its core")
-    p.add_argument("--model", type=Path, default=TINY_MODEL, help="the engines' model folder")
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=FIDELITY_MODEL,
+        help="the engines' model folder (default: bench/fidelity_model.py's, made if missing)",
+    )
     p.add_argument("--json", type=Path, default=REPO / "docs/results/fidelity.json")
     p.add_argument("--plot", type=Path, default=REPO / "docs/figures/fidelity_ttft.png")
     p.add_argument("--doc", type=Path, default=REPO / "docs/fidelity.md")
@@ -242,6 +285,7 @@ def main() -> int:
     if why is not None and "vllm" in kinds:
         print(f"cannot run: {why}", file=sys.stderr)
         return 1
+    ensure_model(args.model)
     args.flags = fc.EngineFlags(
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
@@ -259,6 +303,7 @@ def main() -> int:
         "scaling": {k: getattr(scaling, k) for k in Scaling.__slots__},
         "engine_flags": {k: str(getattr(args.flags, k)) for k in fc.EngineFlags.__slots__},
         "admission": args.admission,
+        "warmup_replays": args.warmup,
         "pin": args.pin,
         "cpus": os.cpu_count(),
         "other_load_at_start": fc.other_load(),
@@ -314,11 +359,11 @@ def main() -> int:
     result["sim"] = {pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim.items()}
     if real:
         result["real"] = strip(real)
-        result["sim_vs_real"] = analyse(sim, real)
+        result["sim_vs_real"] = analyse(sim, real, cost)
         result["order_real"] = policy_order(sim, real)
     if emu:
         result["emulated"] = strip(emu)
-        result["sim_vs_emulated"] = analyse(sim, emu)
+        result["sim_vs_emulated"] = analyse(sim, emu, cost)
         result["order_emulated"] = policy_order(sim, emu)
     if real and emu:
         result["emulated_vs_real"] = emu_vs_real(emu, real)

@@ -325,10 +325,17 @@ def replay(
     }
 
 
-def profile(engine: Engine, model: Path, out: Path) -> None:
+QUICK_PROFILE = (
+    "--lengths", "64,256,768,1536", "--cached-fractions", "0.5", "--repeats", "2",
+    "--warmup", "2", "--batch-sizes", "1,4,8", "--contexts", "64,768", "--decode-tokens", "16",
+)  # fmt: skip
+"""A shorter ``conductor profile`` (fewer points, the same fit) for the CI test."""
+
+
+def profile(engine: Engine, model: Path, out: Path, extra: Sequence[str] = ()) -> None:
     """``conductor profile`` of one engine (idle) serving ``model``, written to ``out``."""
     cmd = [*CLI, "profile", "--url", engine.url, "--model-path", str(model)]
-    cmd += ["--out", str(out), "--name", "tiny-cpu"]
+    cmd += ["--out", str(out), "--name", model.name, *extra]
     subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
 
 

@@ -30,13 +30,17 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
+def _alone(a: dict[str, float] | None) -> str:
+    return "-" if not a else f"{a['p50']:.2f} ({int(a['n'])})"
+
+
 def _table(comps: dict[str, list[dict[str, Any]]], pred: str, ref: str, hit_key: str) -> str:
     head = (
         f"| policy | run | {ref} mean TTFT (s) | {pred} mean TTFT (s) | mean TTFT error |"
         " p50 error | p90 error | per-request \\|TTFT error\\| mean / p50 / p90 |"
         f" mean TBT error | per-request \\|TBT error\\| mean | {ref} hit rate | {pred} hit rate |"
-        " hit-rate error (points) |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        f" hit-rate error (points) | {ref} requests alone: TTFT / profiled prefill, p50 (n) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for policy, reps in comps.items():
@@ -52,6 +56,7 @@ def _table(comps: dict[str, list[dict[str, Any]]], pred: str, ref: str, hit_key:
                 f" {_apct(pr.get('mean'))} / {_apct(pr.get('p50'))} / {_apct(pr.get('p90'))} |"
                 f" {_pct(c['tbt_mean_error'])} | {_apct(tb.get('mean'))} |"
                 f" {_apct(ref_hit)} | {_apct(pred_hit)} | {_pts(c['hit_rate_error_points'])} |"
+                f" {_alone(c.get('alone_slowdown_measured'))} |"
             )
     return head + "\n".join(lines) + "\n"
 

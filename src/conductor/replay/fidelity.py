@@ -255,3 +255,28 @@ def row_intervals(rows: Iterable[Row], key: str = "decode") -> list[Interval]:
         if isinstance(engine, str) and a is not None and b is not None:
             out.append((engine, a, b))
     return out
+
+
+def alone_slowdown(rows: Sequence[Row], cost: CostModel) -> dict[str, float] | None:
+    """For the requests that had their engine to themselves from their send to their first
+    token (no other request in flight there), measured TTFT over the cost model's prefill
+    time for their prompt and cached tokens: how much slower (> 1) the engine ran than
+    profiled, without queueing. None when no request was alone."""
+    spans = [(r, row_intervals([r])) for r in rows]
+    ratios: list[float] = []
+    for r, mine in spans:
+        ttft, sent = _num(r, "ttft_s"), _num(r, "sent_s")
+        prompt, cached = _num(r, "prompt_tokens"), _num(r, "cached_tokens")
+        if not mine or ttft is None or sent is None or prompt is None:
+            continue
+        engine, a, _ = mine[0]
+        first = _num(r, "arrival_s")
+        end = (first if first is not None else a) + ttft
+        crowded = any(
+            o is not r and iv and iv[0][0] == engine and iv[0][1] < end and iv[0][2] > a
+            for o, iv in spans
+        )
+        if not crowded:
+            ratios.append(ttft / cost.prefill_s(int(prompt), int(cached or 0)))
+    stats = _stats(ratios)
+    return None if stats is None else {**stats, "n": float(len(ratios))}
