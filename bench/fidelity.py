@@ -3,7 +3,7 @@
     nice .venv/bin/python bench/fidelity.py [--limit 300] [--repeats 2] [--speed auto]
 
 1. The slice: the first ``--limit`` requests of the bundled conversation trace, lengths
-   scaled to the tiny model (``conductor.replay.fidelity.scale_records``: prompts x 1/16, so
+   scaled to the tiny model (``bench/fidelity_parts.py scale_records``: prompts x 1/16, so
    a 512-token trace block is one 32-token vLLM block, outputs x 0.1 capped at 64, prompt
    plus output within max_model_len 2048), written as a trace file that the replay and the
    simulator both read with 32-token blocks.
@@ -46,9 +46,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import fidelity_cluster as fc  # noqa: E402
 import fidelity_report  # noqa: E402
-
-from conductor.core.cost_file import parse_cost_file  # noqa: E402
-from conductor.replay.fidelity import (  # noqa: E402
+from fidelity_parts import (  # noqa: E402
     EngineShape,
     Scaling,
     alone_slowdown,
@@ -60,6 +58,8 @@ from conductor.replay.fidelity import (  # noqa: E402
     sim_config,
     sim_rows,
 )
+
+from conductor.core.cost_file import parse_cost_file  # noqa: E402
 from conductor.sim.simulator import simulate  # noqa: E402
 from conductor.workload.max_tokens import MaxTokens  # noqa: E402
 from conductor.workload.trace import (  # noqa: E402
@@ -264,6 +264,11 @@ def main() -> int:
     p.add_argument("--kinds", default="vllm,emulate", help="vllm and/or emulate")
     p.add_argument("--cost-file", type=Path, default=None, help="default: profile e0 now")
     p.add_argument("--admission", default="off")
+    p.add_argument(
+        "--profile-both",
+        action="store_true",
+        help="profile both engines at once (e0's file is used): the replay's contention",
+    )
     p.add_argument("--ttft-slo-s", type=float, default=30.0)
     p.add_argument("--tbt-slo-ms", type=float, default=1000.0)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
@@ -304,6 +309,7 @@ def main() -> int:
         "engine_flags": {k: str(getattr(args.flags, k)) for k in fc.EngineFlags.__slots__},
         "admission": args.admission,
         "warmup_replays": args.warmup,
+        "profile_both": args.profile_both,
         "pin": args.pin,
         "cpus": os.cpu_count(),
         "other_load_at_start": fc.other_load(),
@@ -315,7 +321,11 @@ def main() -> int:
         if cost_file is None:
             cost_file = work / "cost.toml"
             t = time.monotonic()
-            fc.profile(engines[0], args.flags.model, cost_file)
+            if args.profile_both:
+                # Both engines profiled at once: each sees the other busy, as in the replay.
+                fc.profile_together(engines, args.flags.model, cost_file, work)
+            else:
+                fc.profile(engines[0], args.flags.model, cost_file)
             result["profile_wall_s"] = round(time.monotonic() - t, 1)
         result["cost_file"] = str(cost_file)
         result["cost_file_text"] = cost_file.read_text()

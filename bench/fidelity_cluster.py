@@ -339,6 +339,20 @@ def profile(engine: Engine, model: Path, out: Path, extra: Sequence[str] = ()) -
     subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
 
 
+def profile_together(engines: Sequence[Engine], model: Path, out: Path, work: Path) -> None:
+    """``conductor profile`` of every engine at once; engine 0's file is written to ``out``,
+    the others' next to it in ``work``."""
+    procs = []
+    for i, e in enumerate(engines):
+        target = out if i == 0 else work / f"cost-{e.engine_id}.toml"
+        cmd = [*CLI, "profile", "--url", e.url, "--model-path", str(model)]
+        cmd += ["--out", str(target), "--name", model.name]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise RuntimeError(f"conductor profile exited with {codes}")
+
+
 def other_load() -> list[str]:
     """The busiest processes that are not ours (command names and CPU %), as ``ps`` shows."""
     ps = subprocess.run(["ps", "-eo", "pcpu,pgid,args", "--sort=-pcpu"], capture_output=True,

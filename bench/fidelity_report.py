@@ -119,7 +119,7 @@ def generated(result: dict[str, Any], json_path: Path, plot_path: Path) -> str:
         f" {result.get('speed_ladder_sim_busy', 'given')}).",
         f"- 2 engines, role both, {result['engine_flags']}; admission `{result['admission']}`"
         " for every policy, no CPP, `--max-tokens trace` (the replay sends the real length"
-        " with ignore_eos). Simulated with the same shape: `conductor.replay.fidelity.sim_config`"
+        " with ignore_eos). Simulated with the same shape: `bench/fidelity_parts.py sim_config`"
         f" {result['shape']}.",
         f"- Cost file: {'profiled now' if 'profile_wall_s' in result else 'given'}"
         f" ({result['cost_file']}), kept in the JSON.",

@@ -1,11 +1,18 @@
-"""The pure parts of the fidelity runs (conductor.replay.fidelity): no engines, exact values."""
+"""The pure parts of the fidelity runs (bench/fidelity_parts.py): no engines, exact values."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 
 from conductor.core.cost_file import parse_cost_file
-from conductor.replay.fidelity import (
+from tests.engines.costs import COMMITTED
+from tests.engines.fixtures import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+
+from fidelity_parts import (
     EngineShape,
     Scaling,
     busy_fraction,
@@ -16,11 +23,11 @@ from conductor.replay.fidelity import (
     sim_config,
     sim_rows,
 )
+
 from conductor.sim.simulator import simulate
 from conductor.workload.max_tokens import MaxTokens
 from conductor.workload.trace import generated_tokens, records_to_requests
 from conductor.workload.trace_format import TraceRecord
-from tests.engines.costs import COMMITTED
 
 
 def test_scaling_keeps_one_hash_id_per_engine_block_and_fits_the_context() -> None:

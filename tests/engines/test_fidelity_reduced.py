@@ -48,13 +48,13 @@ import pytest
 from conductor.core.cost_file import parse_cost_file
 from conductor.core.cost_forms import LinearDecode, PolynomialPrefill
 from conductor.core.costmodel import CostModel
-from conductor.replay.fidelity import EngineShape, Scaling, compare
 from tests.engines.fixtures import REPO_ROOT, missing_prerequisites
 
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
 import fidelity
 import fidelity_cluster as fc
+from fidelity_parts import EngineShape, Scaling, compare
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
