@@ -28,8 +28,8 @@ The bounds, and why they are what they are:
   with other jobs the processes also wait for a core, more under the replay's concurrent
   streams than under the profile's one-at-a-time requests, and more when the other jobs'
   load rises between the profile and the replay. Measured here (load average 3-7): 0.61x
-  without the warm-up replay, 0.76x, 0.70x and 0.81x with it; the bench's 200-request runs scattered from
-  -40% to +22% (docs/fidelity.md). A broken cost file (milliseconds read as seconds, a
+  without the warm-up replay, 0.76x, 0.70x and 0.81x with it; the bench's 200-request runs
+  scattered from -50% to +22% (docs/fidelity.md). A broken cost file (milliseconds read as seconds, a
   tenfold coefficient), a simulator that queues where the engines do not, or a replay that
   mistimes arrivals falls far outside.
 
