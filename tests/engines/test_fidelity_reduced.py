@@ -29,9 +29,9 @@ The bounds, and why they are what they are:
   streams than under the profile's one-at-a-time requests, and more when the other jobs'
   load rises between the profile and the replay. Measured here (load average 3-7): 0.61x
   without the warm-up replay, 0.76x, 0.70x and 0.81x with it; the bench's 200-request runs
-  scattered from -50% to +22% (docs/fidelity.md). A broken cost file (milliseconds read as seconds, a
-  tenfold coefficient), a simulator that queues where the engines do not, or a replay that
-  mistimes arrivals falls far outside.
+  scattered from -50% to +22% (docs/fidelity.md). A broken cost file (milliseconds read as
+  seconds, a tenfold coefficient), a simulator that queues where the engines do not, or a
+  replay that mistimes arrivals falls far outside.
 
 It takes 77-100 s on this 2-core box when it is quiet (load average 3-5; most of it the
 engines' start and the profile), up to about 170 s when other jobs load it (6-8).
