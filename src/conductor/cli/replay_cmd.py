@@ -118,6 +118,10 @@ def per_request(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
                 "tokens": len(o.token_times_s),
                 "status": o.status,
                 "error": o.error,
+                "sent_s": round(o.sent_s, 6),
+                "done_s": None if rec.finish_s is None else round(rec.finish_s, 6),
+                "prefill": o.prefill,
+                "decode": o.decode,
             }
         )
     return rows

@@ -28,6 +28,7 @@ from conductor.core.events import (
 )
 from conductor.core.output_length import OutputLengthModel
 from conductor.core.plan import Decision, Rejection
+from conductor.core.policies.colocated import ColocatedDecode
 from conductor.core.replication import ReplicaScheduler, ReservationEvent
 from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceSpec
@@ -39,10 +40,14 @@ _Pending = deque[tuple[float, str, ReservationEvent]]
 
 def make_scheduler(cfg: SimConfig, lengths: OutputLengthModel | None = None) -> Scheduler:
     """One scheduler, or a :class:`ReplicaSet` when ``cfg.replicas > 1`` (``lengths``: the
-    output-length model, shared by the replicas when given — the oracle is static)."""
+    output-length model, shared by the replicas when given — the oracle is static). A
+    request prefilled on a ``both`` engine decodes there (:class:`ColocatedDecode`), as
+    ``conductor serve`` places it: such an engine runs the whole request, no KV hand-off."""
     if cfg.replicas == 1:
-        return Scheduler(cfg.cost, policy=cfg.policy, config=cfg.scheduler, output_lengths=lengths)
-    return ReplicaSet(
+        one = Scheduler(cfg.cost, policy=cfg.policy, config=cfg.scheduler, output_lengths=lengths)
+        one.decode_policy = ColocatedDecode(one.decode_policy)
+        return one
+    many = ReplicaSet(
         cfg.cost,
         cfg.policy,
         cfg.scheduler,
@@ -51,6 +56,9 @@ def make_scheduler(cfg: SimConfig, lengths: OutputLengthModel | None = None) -> 
         stagger=cfg.replica_stagger,
         output_lengths=lengths,
     )
+    for peer in many.peers:
+        peer.decode_policy = ColocatedDecode(peer.decode_policy)
+    return many
 
 
 class ReplicaSet(ReplicaScheduler):

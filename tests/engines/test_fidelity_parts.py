@@ -1,0 +1,92 @@
+"""The pure parts of the fidelity runs (bench/fidelity_parts.py): no engines, exact values."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from conductor.core.cost_file import parse_cost_file
+from tests.engines.costs import COMMITTED
+from tests.engines.fixtures import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+
+from fidelity_parts import (
+    EngineShape,
+    Scaling,
+    busy_fraction,
+    compare,
+    ordering,
+    row_intervals,
+    scale_records,
+    sim_config,
+    sim_rows,
+)
+
+from conductor.sim.simulator import simulate
+from conductor.workload.max_tokens import MaxTokens
+from conductor.workload.trace import generated_tokens, records_to_requests
+from conductor.workload.trace_format import TraceRecord
+
+
+def test_scaling_keeps_one_hash_id_per_engine_block_and_fits_the_context() -> None:
+    s = Scaling(max_model_len=2048, max_output_tokens=64)
+    long = TraceRecord(5, 40_000, 900, tuple(range(79)))
+    short = TraceRecord(7, 1000, 3, (1, 2))
+    a, b = scale_records([long, short], s)
+    assert (a.timestamp_ms, a.input_length, a.output_length) == (5, 2048 - 64, 64)
+    assert a.hash_ids == tuple(range(62))  # ceil(1984 / 32)
+    assert (b.input_length, b.output_length, b.hash_ids) == (63, 1, (1, 2))
+
+
+def test_scaling_refuses_a_block_mismatch() -> None:
+    with pytest.raises(ValueError, match="not the engine block 32"):
+        Scaling(token_scale=1 / 8)
+
+
+def test_busy_fraction_is_the_union_of_intervals_in_the_window() -> None:
+    spans = [("a", 0.0, 2.0), ("a", 1.0, 3.0), ("a", 6.0, 20.0), ("b", -5.0, 1.0)]
+    assert busy_fraction(spans, (0.0, 10.0)) == {"a": 0.7, "b": 0.1}
+
+
+def test_compare_matches_requests_by_id() -> None:
+    ref = [
+        {"request_id": "r0", "ttft_s": 1.0, "tbt_s": 0.1},
+        {"request_id": "r1", "ttft_s": 2.0, "tbt_s": None},
+        {"request_id": "r2", "ttft_s": None, "tbt_s": None},
+    ]
+    pred = [
+        {"request_id": "r1", "ttft_s": 3.0, "tbt_s": 0.5},
+        {"request_id": "r0", "ttft_s": 0.5, "tbt_s": 0.2},
+    ]
+    c = compare(pred, ref)
+    assert c["requests_compared"] == 2
+    assert c["ttft_mean_error"] == round((1.75 - 1.5) / 1.5, 4)
+    assert c["ttft_per_request_abs_error"] == {"mean": 0.5, "p50": 0.5, "p90": 0.5}
+    assert c["ttft_per_request_signed_mean"] == 0.0
+    assert c["tbt_mean_error"] == 1.0
+    assert c["pairs"] == [["r0", 0.5, 1.0], ["r1", 3.0, 2.0]]
+    assert ordering({"x": 2.0, "y": 1.0, "a": 2.0}) == ["y", "a", "x"]
+
+
+def test_the_simulated_slice_uses_the_engines_shape() -> None:
+    cost = parse_cost_file(COMMITTED.read_text()).cost
+    shape = EngineShape(2, 1024, 8, 32, 65536)
+    cfg = sim_config("round_robin", cost, shape, admission="off", ttft_slo_s=30, tbt_slo_s=1)
+    assert (cfg.n_both, cfg.n_prefill, cfg.n_decode) == (2, 0, 0)
+    assert cfg.scheduler.block_size_tokens == 32 and cfg.engine.block_size_tokens == 32
+    assert cfg.engine.max_num_seqs == 8 and cfg.engine.kv_capacity_tokens == 65536
+    assert cfg.cache_capacity_tokens == 65536 and not cfg.scheduler.cpp_enabled
+    # Two requests sharing their first block, one second apart, alternate engines; the
+    # second hits nothing (round robin sent it to the other engine), TTFT = the prefill.
+    records = [TraceRecord(0, 64, 4, (1, 2)), TraceRecord(1000, 64, 4, (1, 3))]
+    mt = MaxTokens.parse("trace")
+    reqs = records_to_requests(records, block_size_tokens=32, max_tokens=mt)
+    res = simulate(reqs, cfg, outputs=generated_tokens(records, mt))
+    rows = sim_rows(res.records)
+    assert [r["decode"] for r in rows] == ["both-0", "both-1"]
+    assert [r["prefill"] for r in rows] == ["both-0", "both-1"]  # decoded where prefilled
+    assert [r["cached_tokens"] for r in rows] == [0, 0]
+    assert rows[0]["ttft_s"] == pytest.approx(cost.prefill_s(64, 0), rel=1e-9)
+    assert [e for e, _, _ in row_intervals(rows)] == ["both-0", "both-1"]
