@@ -24,6 +24,8 @@ WORKLOADS = [
     ("agent, 1x", "compare_synth_agent"),
     ("chat, 16x", "compare_synth_chat_16x"),
     ("agent, 16x", "compare_synth_agent_16x"),
+    ("docqa, 2x", "compare_synth_docqa_2x"),
+    ("mixed, 2x", "compare_synth_mixed_2x"),
 ]
 
 
