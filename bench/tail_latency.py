@@ -141,14 +141,13 @@ def spec_for(url: str, args: argparse.Namespace, run: int) -> LoadSpec:
 
 
 def merge(runs: Sequence[Samples]) -> Samples:
+    """The rounds of one router as one run: :meth:`Samples.merge` (made for concurrent
+    processes, it keeps the longest wall time), with the rounds' wall times added, since
+    they ran one after another."""
     out = Samples()
     for s in runs:
-        out.e2e_s += s.e2e_s
-        out.ttft_s += s.ttft_s
-        out.errors += s.errors
-        out.tokens += s.tokens
-        out.wall_s += s.wall_s
-        out.error_examples += s.error_examples[: 3 - len(out.error_examples)]
+        out.merge(s)
+    out.wall_s = sum(s.wall_s for s in runs)
     return out
 
 

@@ -125,6 +125,21 @@ def least_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
             tbt = step_s(batch + 1, d.kv_reserved_tokens + need) * factor
             if fallback is None or tbt < fallback_tbt:
                 fallback, fallback_tbt = inst, tbt
+    return decode_choice(ctx, prefill, slo, best, best_tbt, fallback, fallback_tbt)
+
+
+def decode_choice(
+    ctx: SchedulingContext,
+    prefill: PrefillChoice,
+    slo: float,
+    best: InstanceState | None,
+    best_tbt: float,
+    fallback: InstanceState | None,
+    fallback_tbt: float,
+) -> DecodeChoice:
+    """The choice from a scan of the decode pool: ``best`` (the lowest TBT among instances
+    with room; a same-rack one instead when both meet the SLO, :func:`_same_rack`), else
+    ``fallback`` (the lowest among all, ``fits`` False)."""
     if best is not None:
         if best_tbt <= slo and len(ctx.decode_pool) > 1:
             near = _same_rack(ctx, prefill, best, slo)

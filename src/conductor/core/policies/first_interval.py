@@ -24,7 +24,7 @@ model's or the NIC book's.
 from __future__ import annotations
 
 from conductor.core.policies.base import DecodeChoice, PrefillChoice, SchedulingContext
-from conductor.core.policies.decode import _same_rack, tbt_factor
+from conductor.core.policies.decode import decode_choice, tbt_factor
 from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId
 
@@ -87,11 +87,4 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
                 best, best_tbt = inst, tbt
         elif fallback is None or tbt < fallback_tbt:
             fallback, fallback_tbt = inst, tbt
-    if best is not None:
-        if best_tbt <= slo and len(ctx.decode_pool) > 1:
-            near = _same_rack(ctx, prefill, best, slo)
-            if near is not None:
-                return near
-        return DecodeChoice(best.spec.instance_id, best_tbt, best_tbt <= slo)
-    assert fallback is not None, "decode pool is empty"
-    return DecodeChoice(fallback.spec.instance_id, fallback_tbt, False)
+    return decode_choice(ctx, prefill, slo, best, best_tbt, fallback, fallback_tbt)
