@@ -67,6 +67,22 @@ def test_messages_round_trip() -> None:
     a.schedule(req("r1"), 0.0)
     msg = Batch("A", 1, [to_wire(e) for e in a.outbox])
     assert decode(encode(msg)) == msg
+    from conductor.cluster.protocol import WReserved, from_wire
+
+    [w] = msg.events
+    assert isinstance(w, WReserved) and w.transfers is not None
+    assert [from_wire(x) for x in msg.events] == a.outbox  # the NIC transfers included
+    from dataclasses import replace
+
+    from conductor.core.nic import Transfers
+    from conductor.core.replication import Reserved
+    from conductor.core.types import InstanceId
+
+    [ev] = a.outbox
+    assert isinstance(ev, Reserved)
+    fetch = Transfers(InstanceId("p0"), InstanceId("p1"), 0.2, None, 0.0, 0.0, 0.0)
+    for r in (replace(ev, transfers=fetch), replace(ev, transfers=None)):
+        assert from_wire(decode(encode(Batch("A", 2, [to_wire(r)]))).events[0]) == r  # type: ignore[attr-defined]
 
 
 async def test_reservations_reach_the_other_replica(nats_server: NatsServer) -> None:

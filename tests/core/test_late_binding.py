@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from conductor.core.late_binding import HoldQueue, late_binding_of
-from conductor.core.late_binding_rule import LateBinding
+from conductor.core.late_binding_rule import CLAIM_LAG_FLOOR_S, LateBinding, claim_lag_s
 from conductor.core.plan import Plan, Rejection
 from conductor.core.types import RequestId
 
@@ -137,3 +137,28 @@ def test_cpp_is_considered_only_when_nobody_else_is_held() -> None:
     assert isinstance(first, Plan) and first.cpp is None and first.prefill == "p0"
     assert isinstance(second, Plan) and second.cpp is not None
     assert second.cpp.nodes == ("p1", "p2", "p3")
+
+
+def test_a_replica_counts_a_freed_instance_free_only_after_the_replicas_before_it() -> None:
+    """Two replicas: p0 is replica 0's to claim at once and replica 1's 0.01 s later, p1 the
+    other way round, so the two do not send their held heads to the instance that just
+    freed (each deciding before it sees the other's choice)."""
+    lag = claim_lag_s(0.002)
+    assert lag == CLAIM_LAG_FLOOR_S == 0.01 and claim_lag_s(0.02) == 0.04
+    queues = []
+    for k in (0, 1):
+        c = make_conductor(2, 1, policy="conductor")
+        c.schedule(req("a", hashes(), 1000), 0.0)  # p0 busy until 1.0
+        c.schedule(req("b", hashes(), 2000), 0.0)  # p1 busy until 2.0
+        queues.append(HoldQueue(c, PLAIN, (k, 2, lag)))
+    busy = {i.spec.instance_id: i.prefill.busy_until_s for i in queues[0].scheduler.pools()[0]}
+    assert busy == {iid("p0"): pytest.approx(1.0), iid("p1"): pytest.approx(2.0)}
+    assert queues[0].free_at_s() == pytest.approx(1.0)
+    assert queues[1].free_at_s() == pytest.approx(1.01)
+    for q in queues:
+        assert q.submit(req("r", hashes(), 40), 0.5) == []
+    assert len(queues[0].release(1.0)) == 1 and queues[1].release(1.0) == []
+    assert queues[1].wakeup_s(1.0) == pytest.approx(1.01)
+    assert len(queues[1].release(1.01)) == 1
+    alone = HoldQueue(queues[0].scheduler, PLAIN, (0, 1, lag))  # one replica: no stagger
+    assert alone.free_at_s() == queues[0].free_at_s()

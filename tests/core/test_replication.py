@@ -79,6 +79,31 @@ def test_remote_reservation_moves_the_next_decision() -> None:
     assert a.remote.count("B") == 1
 
 
+def test_a_remote_plan_books_its_kv_hand_off_on_the_nics() -> None:
+    """A replica publishes its plan's KV transfers; the other books the same NIC time (the
+    hand-off from the prefill node to the decode node, requested at the prefill's predicted
+    end), so that its own plans wait for those NICs as the origin's would."""
+    a, b = replica(), replica()
+    plan = a.schedule(req("r1"), 0.0)
+    assert isinstance(plan, Plan) and plan.decode != plan.prefill
+    [ev] = a.outbox
+    assert isinstance(ev, Reserved) and ev.transfers is not None
+    t = ev.transfers
+    assert (t.prefill, t.decode, t.fetch_source, t.fetch_s) == (
+        plan.prefill,
+        plan.decode,
+        None,
+        0.0,
+    )
+    assert t.handoff_request_s == plan.predicted_ttft_s and t.handoff_s > 0.0
+    b.remote.apply("A", ev, 0.0)
+    assert (
+        b.nic.planned_in_s == a.nic.planned_in_s == {plan.decode: t.handoff_start_s + t.handoff_s}
+    )
+    assert b.nic.planned_out_s == a.nic.planned_out_s
+    assert b.nic.pending == a.nic.pending
+
+
 def test_remote_lifecycle_and_expiry_leave_no_trace() -> None:
     a, b = replica(), replica()
     pb = b.schedule(req("b1"), 0.0)

@@ -21,6 +21,7 @@ from typing import Protocol
 
 import msgspec
 
+from conductor.core.nic import Transfers
 from conductor.core.replication import (
     DecodeReserved,
     PrefillDone,
@@ -29,6 +30,16 @@ from conductor.core.replication import (
     Reserved,
 )
 from conductor.core.types import InstanceId, RequestId
+
+
+class WTransfers(msgspec.Struct, array_like=True, frozen=True):
+    prefill: str
+    fetch_source: str | None
+    fetch_s: float
+    decode: str | None
+    handoff_start_s: float
+    handoff_request_s: float
+    handoff_s: float
 
 
 class WReserved(msgspec.Struct, tag="r", array_like=True, frozen=True):
@@ -43,6 +54,7 @@ class WReserved(msgspec.Struct, tag="r", array_like=True, frozen=True):
     output_cap: int
     ttft_s: float
     prefill_done: bool = False
+    transfers: WTransfers | None = None
 
 
 class WDecodeReserved(msgspec.Struct, tag="d", array_like=True, frozen=True):
@@ -118,6 +130,31 @@ def reserved_to_wire(r: Reserved) -> WReserved:
         r.output_cap,
         r.ttft_s,
         r.prefill_done,
+        None if r.transfers is None else transfers_to_wire(r.transfers),
+    )
+
+
+def transfers_to_wire(t: Transfers) -> WTransfers:
+    return WTransfers(
+        t.prefill,
+        t.fetch_source,
+        t.fetch_s,
+        t.decode,
+        t.handoff_start_s,
+        t.handoff_request_s,
+        t.handoff_s,
+    )
+
+
+def transfers_from_wire(w: WTransfers) -> Transfers:
+    return Transfers(
+        InstanceId(w.prefill),
+        None if w.fetch_source is None else InstanceId(w.fetch_source),
+        w.fetch_s,
+        None if w.decode is None else InstanceId(w.decode),
+        w.handoff_start_s,
+        w.handoff_request_s,
+        w.handoff_s,
     )
 
 
@@ -146,6 +183,7 @@ def reserved_from_wire(w: WReserved) -> Reserved:
         w.output_cap,
         w.ttft_s,
         w.prefill_done,
+        None if w.transfers is None else transfers_from_wire(w.transfers),
     )
 
 

@@ -39,10 +39,11 @@ from typing import TYPE_CHECKING
 
 from conductor.core.late_binding_rule import LateBinding
 from conductor.core.plan import Decision, Rejection
-from conductor.core.types import Request
+from conductor.core.types import InstanceId, Request
 
 if TYPE_CHECKING:  # the scheduler's policies import this module
     from conductor.core.scheduler import Prepared, Scheduler
+    from conductor.core.state import InstanceState
 
 
 _EPS_S = 1e-9
@@ -78,9 +79,13 @@ class _Held:
 class HoldQueue:
     """Requests waiting to be placed, earliest deadline first."""
 
-    def __init__(self, scheduler: Scheduler, rule: LateBinding) -> None:
+    def __init__(
+        self, scheduler: Scheduler, rule: LateBinding, claim: tuple[int, int, float] = (0, 1, 0.0)
+    ) -> None:
         self.scheduler = scheduler
         self.rule = rule
+        self.claim = claim
+        self._offsets: tuple[object, dict[InstanceId, float]] | None = None
         self._heap: list[_Held] = []
         self._seq = 0
         self._give_up_s: float | None = None  # when the held head must go, decode or not
@@ -105,6 +110,9 @@ class HoldQueue:
         prefill_pool, _ = self.scheduler.pools()
         if not prefill_pool:
             return None
+        offsets = self._claim_offsets(prefill_pool)
+        if offsets is not None:
+            return self._claimed_free_at_s(prefill_pool, offsets)
         best = math.inf
         if self.rule.nic_aware:
             nic = self.scheduler.nic
@@ -126,6 +134,39 @@ class HoldQueue:
                 t = inst.prefill.busy_until_s
                 if t < best:
                     best = t
+        return best
+
+    def _claim_offsets(self, pool: list[InstanceState]) -> dict[InstanceId, float] | None:
+        """With several replicas (``claim = (k, n, lag_s)``: this is replica ``k`` of ``n``,
+        whose views of each other lag by up to ``lag_s``), the delay after which this
+        replica counts each prefill instance as free: instance ``i`` (in instance-id order)
+        is replica ``i mod n``'s to claim at once, the next replica's ``lag_s`` later, and
+        so on — so the replicas do not all send their held heads to the instance that just
+        freed, none of them yet seeing the others' choice. None with one replica."""
+        k, n, lag_s = self.claim
+        if n <= 1 or lag_s <= 0.0:
+            return None
+        cached = self._offsets
+        if cached is not None and cached[0] is pool:
+            return cached[1]
+        ids = sorted(inst.spec.instance_id for inst in pool)
+        offsets = {iid: ((k - i) % n) * lag_s for i, iid in enumerate(ids)}
+        self._offsets = (pool, offsets)
+        return offsets
+
+    def _claimed_free_at_s(
+        self, pool: list[InstanceState], offsets: dict[InstanceId, float]
+    ) -> float:
+        nic = self.scheduler.nic
+        best = math.inf
+        for inst in pool:
+            iid = inst.spec.instance_id
+            t = inst.prefill.busy_until_s
+            if self.rule.nic_aware:
+                t = max(t, nic.out_free_s.get(iid, 0.0), nic.planned_out_s.get(iid, 0.0))
+            t += offsets[iid]
+            if t < best:
+                best = t
         return best
 
     def min_backlog_s(self, now_s: float) -> float | None:

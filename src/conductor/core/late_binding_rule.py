@@ -18,3 +18,17 @@ class LateBinding:
     def __post_init__(self) -> None:
         if not self.horizon_s >= 0.0:
             raise ValueError(f"horizon_s must be >= 0, got {self.horizon_s}")
+
+
+CLAIM_LAG_FLOOR_S = 0.010
+"""The least stagger between replicas claiming a freed prefill instance (see
+:func:`claim_lag_s`)."""
+
+
+def claim_lag_s(sync_delay_s: float) -> float:
+    """How long after an instance's owner the next replica counts a freed prefill instance
+    as free (:class:`~conductor.core.late_binding.HoldQueue`'s ``claim``): twice the lag of
+    the replicas' views of each other (a claim reaches the others one lag later; the second
+    covers its jitter), and at least :data:`CLAIM_LAG_FLOOR_S`. Chosen on generated
+    workloads (docs/cluster.md), not on the trace the herding results are reported on."""
+    return max(2.0 * sync_delay_s, CLAIM_LAG_FLOOR_S)

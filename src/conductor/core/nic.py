@@ -23,6 +23,23 @@ if TYPE_CHECKING:
     from conductor.core.policies.base import PrefillChoice, SchedulingContext
 
 
+@dataclass(frozen=True, slots=True)
+class Transfers:
+    """One plan's KV transfers, times relative to the plan: a prefix fetch of ``fetch_s``
+    from ``fetch_source`` into ``prefill`` (None: no fetch), and the prompt's KV hand-off of
+    ``handoff_s`` from ``prefill`` to ``decode`` (None: it decodes where it prefilled),
+    requested ``handoff_request_s`` after the plan and streaming from ``handoff_start_s``
+    after it. What a replica publishes so the others book the same NIC time."""
+
+    prefill: InstanceId
+    fetch_source: InstanceId | None
+    fetch_s: float
+    decode: InstanceId | None
+    handoff_start_s: float
+    handoff_request_s: float
+    handoff_s: float
+
+
 @dataclass(slots=True)
 class NicBook:
     """When each instance's egress (``out_free_s``) and ingress (``in_free_s``) is next free,
@@ -107,10 +124,19 @@ class NicBook:
         tail = start + seconds - end_s
         return tail if tail > 0.0 else 0.0
 
-    def book_plan(self, ctx: SchedulingContext, pre: PrefillChoice, decode: InstanceId) -> None:
-        """Book a plan's KV transfers: the prefix fetch now, and the prompt's KV to
-        ``decode``, requested at the predicted end of the prefill and streamed (layer by
-        layer) from its predicted start."""
+    def book_plan(
+        self, ctx: SchedulingContext, pre: PrefillChoice, decode: InstanceId
+    ) -> Transfers:
+        """Book a plan's KV transfers (:meth:`transfers`) and return them."""
+        planned = self.transfers(ctx, pre, decode)
+        self.book_transfers(planned, ctx.now_s)
+        return planned
+
+    @staticmethod
+    def transfers(ctx: SchedulingContext, pre: PrefillChoice, decode: InstanceId) -> Transfers:
+        """A plan's KV transfers: the prefix fetch now, and the prompt's KV to ``decode``,
+        requested at the predicted end of the prefill and streamed (layer by layer) from
+        its predicted start."""
         cost = ctx.cost
         bw = next(
             (
@@ -120,12 +146,30 @@ class NicBook:
             ),
             None,
         )
-        now = ctx.now_s
-        self.release(now)
-        if pre.fetch_source is not None and pre.fetch_tokens > 0:
-            seconds = cost.transfer_s(pre.fetch_tokens, bw)
-            self.book(pre.fetch_source, pre.instance, now, seconds)
-        if decode != pre.instance:
-            start = now + pre.ttft_s - pre.prefill_s
-            seconds = cost.transfer_s(ctx.request.prompt_tokens, bw)
-            self.later(now + pre.ttft_s, pre.instance, decode, start, seconds)
+        fetch = pre.fetch_source if pre.fetch_tokens > 0 else None
+        fetch_s = cost.transfer_s(pre.fetch_tokens, bw) if fetch is not None else 0.0
+        if decode == pre.instance:
+            return Transfers(pre.instance, fetch, fetch_s, None, 0.0, 0.0, 0.0)
+        return Transfers(
+            pre.instance,
+            fetch,
+            fetch_s,
+            decode,
+            pre.ttft_s - pre.prefill_s,
+            pre.ttft_s,
+            cost.transfer_s(ctx.request.prompt_tokens, bw),
+        )
+
+    def book_transfers(self, t: Transfers, now_s: float) -> None:
+        """Book ``t`` (planned at ``now_s``: its times count from then)."""
+        self.release(now_s)
+        if t.fetch_source is not None and t.fetch_s > 0.0:
+            self.book(t.fetch_source, t.prefill, now_s, t.fetch_s)
+        if t.decode is not None:
+            self.later(
+                now_s + t.handoff_request_s,
+                t.prefill,
+                t.decode,
+                now_s + t.handoff_start_s,
+                t.handoff_s,
+            )

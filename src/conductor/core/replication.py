@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel
 from conductor.core.events import Event, PrefillFinished, RequestFinished
+from conductor.core.nic import Transfers
 from conductor.core.output_length import OutputEstimate, OutputLengthModel
 from conductor.core.plan import Decision, Plan, Rejection
 from conductor.core.policies import DecodePolicy
 from conductor.core.policies.registry import DEFAULT_POLICY
-from conductor.core.scheduler import Scheduler
+from conductor.core.scheduler import Prepared, Scheduler
 from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId, Request, RequestId
 
@@ -52,6 +53,8 @@ class Reserved:
     output_cap: int
     ttft_s: float
     prefill_done: bool = False
+    transfers: Transfers | None = None
+    """Its KV transfers (NIC time the other replicas book too); None in a resync."""
 
     @property
     def output(self) -> OutputEstimate:
@@ -134,15 +137,18 @@ class ReplicaScheduler(Scheduler):
             self._rotated = (base, (pre[i:] + pre[:i], dec[j:] + dec[:j]))
         return self._rotated[1]
 
-    def schedule(self, request: Request, now_s: float) -> Decision:
-        decision = super().schedule(request, now_s)
+    def decide(self, prepared: Prepared) -> Decision:
+        """Admission and commit (``schedule`` and late binding both end here); a plan is
+        published as a reservation."""
+        decision = super().decide(prepared)
         if isinstance(decision, Plan):
-            self._emit(self._reserved(request, decision))
+            self._emit(self._reserved(prepared.ctx.request, decision))
         return decision
 
     def _reserved(self, request: Request, plan: Plan) -> Reserved:
         deferred = self.config.admission == "baseline"
-        out = self._inflight[request.request_id].output
+        f = self._inflight[request.request_id]
+        out = f.output
         return Reserved(
             request.request_id,
             plan.cpp.nodes if plan.cpp is not None else (plan.prefill,),
@@ -154,6 +160,7 @@ class ReplicaScheduler(Scheduler):
             out.high,
             out.cap,
             plan.predicted_ttft_s,
+            transfers=f.transfers,
         )
 
     def on_event(self, event: Event) -> None:
@@ -263,6 +270,8 @@ class RemoteReservations:
                         st = s.instances.get(node)
                         if st is not None:
                             st.prefill.assign(key, event.prefill_s, event.new_tokens, now_s)
+                    if event.transfers is not None:
+                        s.nic.book_transfers(event.transfers, now_s)
                 entries[event.request_id] = _Remote(event, None, event.prefill_done)
                 if event.decode is not None:
                     start = now_s if event.prefill_done else now_s + event.ttft_s

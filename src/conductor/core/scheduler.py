@@ -28,7 +28,7 @@ from conductor.core.events import (
 )
 from conductor.core.forecast import DecodeForecast
 from conductor.core.hotspot import HotspotTracker
-from conductor.core.nic import NicBook
+from conductor.core.nic import NicBook, Transfers
 from conductor.core.output_length import (
     LengthHistogram,
     OutputEstimate,
@@ -58,6 +58,7 @@ class _InFlight:
     output: OutputEstimate
     cpp_nodes: tuple[InstanceId, ...] = ()
     prefill_done: bool = False
+    transfers: Transfers | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,7 +335,7 @@ class Scheduler:
             hashes = tuple(req.block_hashes[first:last])
             fetch = Fetch(pre.fetch_source, pre.fetch_tokens, hashes)
             migrations = (Migration(pre.fetch_source, pre.instance, hashes),)
-        self.nic.book_plan(ctx, pre, decode)
+        transfers = self.nic.book_plan(ctx, pre, decode)
         deferred = self.config.admission == "baseline"
         if not deferred:
             out = ctx.output
@@ -343,7 +344,12 @@ class Scheduler:
             )
             self.instances[decode].decode.admit(req.request_id, req.prompt_tokens, int(out.mean))
         self._inflight[req.request_id] = _InFlight(
-            req, pre.instance, None if deferred else decode, ctx.output, cpp.nodes if cpp else ()
+            req,
+            pre.instance,
+            None if deferred else decode,
+            ctx.output,
+            cpp.nodes if cpp else (),
+            transfers=transfers,
         )
         if self.hotspots is not None:
             best = ctx.match.best_blocks

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 from conductor.core.events import BlocksRemoved, BlocksStored, Event, PrefillFinished
 from conductor.core.late_binding import HoldQueue, late_binding_of
+from conductor.core.late_binding_rule import claim_lag_s
 from conductor.core.plan import Decision, Plan, Rejection
 from conductor.core.scheduler import Scheduler
 from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role, Tier
@@ -22,6 +24,7 @@ from conductor.sim.engine import EngineLoop
 from conductor.sim.events import CopyDone, DecodeJoin, EventQueue, FetchDone, KvEventDue, Wakeup
 from conductor.sim.nodes import CppGroup, Engine, Seq, transfer
 from conductor.sim.records import RequestRecord
+from conductor.sim.replicas import ReplicaSet
 
 
 class PrefillSide:
@@ -52,10 +55,18 @@ class PrefillSide:
         self.nodes = {iid: e for iid, e in engines.items() if e.role.prefills}
         self.loop = loop
         self.baseline = cfg.scheduler.admission == "baseline"
-        # one hold queue in front of one scheduler; with several replicas (each a gateway
-        # with its own queue and its own lagging view) it is not modelled: they place at arrival
-        rule = late_binding_of(scheduler) if cfg.replicas == 1 else None
-        self.held = HoldQueue(scheduler, rule) if rule is not None else None
+        # late binding: one hold queue per scheduler replica (each gateway holds its own
+        # arrivals, deciding on its own lagging view)
+        rule = late_binding_of(scheduler)
+        self.replicas = scheduler if isinstance(scheduler, ReplicaSet) else None
+        peers: list[Scheduler] = list(self.replicas.peers) if self.replicas else [scheduler]
+        n, lag = len(peers), claim_lag_s(cfg.sync_delay_s)
+        self.holds = (
+            [HoldQueue(p, rule, (k, n, lag)) for k, p in enumerate(peers)]
+            if rule is not None
+            else []
+        )
+        self.turn = 0  # the replica whose queue releases first next time
         self.held_index: dict[RequestId, int] = {}
         self.wake_s = math.inf  # the earliest Wakeup in the queue
         loop.on_start = self.on_start
@@ -81,26 +92,37 @@ class PrefillSide:
     # -- a plan arrives ------------------------------------------------------------------
     def on_arrival(self, t: float, i: int) -> None:
         req = self.requests[i]
-        if self.held is None:
+        if not self.holds:
             self.carry_out(t, i, self.scheduler.schedule(req, t))
             return
         self.held_index[req.request_id] = i
-        self.carry_out_all(t, self.held.submit(req, t))
+        k = self.replicas.next_replica() if self.replicas else 0
+        hold = self.holds[k]
+        self.carry_out_all(t, self.on_replica(k, t, lambda: hold.submit(req, t)))
+
+    def on_replica(self, k: int, t: float, act: Callable[[], list[Decision]]) -> list[Decision]:
+        return self.replicas.on_replica(k, t, act) if self.replicas else act()
 
     def release(self, t: float) -> None:
         """Late binding: place the held requests the cluster can now start, and ask to be
         woken when the next one may go (:mod:`conductor.core.late_binding`)."""
-        if self.held is not None and len(self.held):
-            self.carry_out_all(t, self.held.release(t))
+        n = len(self.holds)
+        first = self.turn
+        self.turn = (first + 1) % n if n else 0
+        for j in range(n):  # whose view sees the freed capacity first rotates
+            k = (first + j) % n
+            hold = self.holds[k]
+            if len(hold):
+                self.carry_out_all(t, self.on_replica(k, t, partial(hold.release, t)))
 
     def carry_out_all(self, t: float, decisions: list[Decision]) -> None:
         for d in decisions:
             self.carry_out(t, self.held_index.pop(d.request_id), d)
-        assert self.held is not None
-        wake = self.held.wakeup_s(t)
-        if wake is not None and wake < self.wake_s:
-            self.wake_s = wake
-            self.push(wake, Wakeup())
+        for hold in self.holds:
+            wake = hold.wakeup_s(t)
+            if wake is not None and wake < self.wake_s:
+                self.wake_s = wake
+                self.push(wake, Wakeup())
 
     def on_wakeup(self, t: float) -> None:
         if t >= self.wake_s:

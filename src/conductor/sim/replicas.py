@@ -16,6 +16,7 @@ handle, and load samples read replica 0's view) and owns replicas 1..N-1.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 
 from conductor.core.config import SchedulerConfig
@@ -119,17 +120,29 @@ class ReplicaSet(ReplicaScheduler):
         self._send(k, event.now_s)
 
     # -- decisions: the owning replica ---------------------------------------------------
-    def schedule(self, request: Request, now_s: float) -> Decision:
+    def next_replica(self) -> int:
+        """The replica the next arrival goes to (round-robin, as an L4 balancer spreads)."""
         k = self._next
         self._next = (k + 1) % len(self.peers)
+        return k
+
+    def on_replica(self, k: int, now_s: float, act: Callable[[], list[Decision]]) -> list[Decision]:
+        """Run ``act`` (decisions of replica ``k``: a schedule, or its hold queue's release)
+        on replica ``k``'s view at ``now_s``: what reached it first, its reservations out
+        after; the requests it placed are its own."""
         self._flush(k, now_s)
-        decision = (
-            super().schedule(request, now_s) if k == 0 else self.peers[k].schedule(request, now_s)
-        )
-        if not isinstance(decision, Rejection):
-            self._owner[request.request_id] = k
+        decisions = act()
+        for d in decisions:
+            if not isinstance(d, Rejection):
+                self._owner[d.request_id] = k
         self._send(k, now_s)
-        return decision
+        return decisions
+
+    def schedule(self, request: Request, now_s: float) -> Decision:
+        k = self.next_replica()
+        peer: Scheduler = self.peers[k]
+        do = super().schedule if k == 0 else peer.schedule
+        return self.on_replica(k, now_s, lambda: [do(request, now_s)])[0]
 
     def confirm_decode(self, rid: RequestId, now_s: float) -> InstanceId | Rejection:
         k = self._owner.get(rid, 0)
