@@ -3,11 +3,13 @@ other's reservations lag by D ms, against one replica (``conductor simulate --re
 --sync-delay-ms D``, same cluster and trace).
 
     python bench/replicas_herding.py [--replicas 1,2,4,8] [--delays-ms 0,1,10,100]
-        [--speeds 1,2] [--limit N] [--trace PATH] [--json PATH]
+        [--speeds 1,2] [--limit N] [--trace PATH] [--burst-ms G] [--json PATH]
 
 Each row is one ``conductor simulate`` run with the defaults of that command (the bundled
 conversation trace, 8 prefill + 8 decode, the default policy); the ratio columns divide by the
-one-replica run at the same speed.
+one-replica run at the same speed. ``--burst-ms G`` floors every arrival to a multiple of
+``G`` ms of the trace's clock (before the speed-up): a bursty version of a generated trace,
+as the conversation trace's arrivals are (1,180 distinct timestamps for 12,031 requests).
 """
 
 from __future__ import annotations
@@ -63,10 +65,14 @@ def main() -> None:
     ap.add_argument("--speeds", default="1,2")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--trace", type=Path, default=None)
+    ap.add_argument("--burst-ms", type=int, default=0, help="floor arrivals to G ms")
     ap.add_argument("--no-stagger", action="store_true", help="replicas break ties alike")
     ap.add_argument("--json", dest="json_path", type=Path)
     args = ap.parse_args()
     records = read_trace(args.trace or bundled_trace_path(), limit=args.limit).records
+    if args.burst_ms > 0:
+        g = args.burst_ms
+        records = [replace(r, timestamp_ms=r.timestamp_ms // g * g) for r in records]
     outputs = generated_tokens(records)  # the trace's output lengths
     rows = []
     print(
