@@ -162,3 +162,7 @@ def test_a_replica_counts_a_freed_instance_free_only_after_the_replicas_before_i
     assert len(queues[1].release(1.01)) == 1
     alone = HoldQueue(queues[0].scheduler, PLAIN, (0, 1, lag))  # one replica: no stagger
     assert alone.free_at_s() == queues[0].free_at_s()
+    late = HoldQueue(queues[0].scheduler, PLAIN, (1, 2, lag))  # p0 busy until 1.04 now
+    assert late.free_at_s() == pytest.approx(1.04 + lag)
+    late.claim = (0, 2, lag)  # the membership changed: now replica 0 of 2
+    assert late.free_at_s() == pytest.approx(1.04)

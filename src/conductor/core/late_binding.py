@@ -85,7 +85,9 @@ class HoldQueue:
         self.scheduler = scheduler
         self.rule = rule
         self.claim = claim
-        self._offsets: tuple[object, dict[InstanceId, float]] | None = None
+        """``(k, n, lag_s)``: this is replica ``k`` of ``n`` (see :meth:`_claim_offsets`); a
+        shell whose membership changes sets it anew."""
+        self._offsets: tuple[object, tuple[int, int, float], dict[InstanceId, float]] | None = None
         self._heap: list[_Held] = []
         self._seq = 0
         self._give_up_s: float | None = None  # when the held head must go, decode or not
@@ -147,11 +149,11 @@ class HoldQueue:
         if n <= 1 or lag_s <= 0.0:
             return None
         cached = self._offsets
-        if cached is not None and cached[0] is pool:
-            return cached[1]
+        if cached is not None and cached[0] is pool and cached[1] == self.claim:
+            return cached[2]
         ids = sorted(inst.spec.instance_id for inst in pool)
         offsets = {iid: ((k - i) % n) * lag_s for i, iid in enumerate(ids)}
-        self._offsets = (pool, offsets)
+        self._offsets = (pool, self.claim, offsets)
         return offsets
 
     def _claimed_free_at_s(
