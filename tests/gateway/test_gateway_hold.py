@@ -21,12 +21,18 @@ import pytest
 
 from conductor.cli.serve_config import build_settings
 from conductor.core.config import SchedulerConfig
+from conductor.core.events import PrefillFinished
+from conductor.core.plan import Plan
 from conductor.core.policies.colocated import ColocatedDecode
+from conductor.core.replication import ReplicaScheduler
 from conductor.core.scheduler import Scheduler
-from conductor.core.types import InstanceId, Role
+from conductor.core.state import InstanceSpec
+from conductor.core.types import InstanceId, Request, RequestId, Role
 from conductor.gateway import app as gateway_app
 from conductor.gateway.config import GatewayConfig, MonitorConfig, UpstreamConfig
 from conductor.gateway.errors import NoEngine, Overloaded
+from conductor.gateway.hold import Hold
+from conductor.gateway.metrics import GatewayMetrics
 from conductor.gateway.service import Gateway
 from conductor.web.messages import Response
 from tests.engines.costs import committed_cost
@@ -305,6 +311,55 @@ async def test_the_rule_drops_what_the_gateway_cannot_predict() -> None:
     both = build(engines, clock, roles=(Role.BOTH, Role.BOTH))
     rule = both.pools.first.hold.queue
     assert rule is not None and rule.rule.decode_aware and not rule.rule.nic_aware
+
+
+def bare_hold(scheduler: Scheduler, clock: ManualClock) -> Hold:
+    """A pool's hold shell without a gateway: scheduler ``p`` (prefill) and ``d`` (decode)."""
+    scheduler.add_instance(InstanceSpec(InstanceId("p"), Role.PREFILL))
+    scheduler.add_instance(InstanceSpec(InstanceId("d"), Role.DECODE))
+    hold = Hold(scheduler, clock, GatewayMetrics().pool(MODEL))
+    hold.engines_changed()
+    return hold
+
+
+def request(rid: str, now_s: float) -> Request:
+    return Request(RequestId(rid), 40, (), 4, arrival_s=now_s)
+
+
+async def test_the_timer_places_a_held_request_when_the_engine_is_predicted_free() -> None:
+    """No event comes: the loop timer armed at the queue's wakeup (the prefill engine's
+    predicted free time, in the gateway's clock) releases b once that time has come."""
+    clock = ManualClock()
+    conductor = Scheduler(committed_cost(), policy="conductor", config=SchedulerConfig())
+    hold = bare_hold(conductor, clock)
+    a = await hold.place(request("a", clock.now_s), clock.now_s)
+    assert isinstance(a.decision, Plan) and a.held_s == 0.0
+    b = asyncio.create_task(hold.place(request("b", clock.now_s), clock.now_s))
+    await settle(lambda: len(hold) == 1)
+    free_s = conductor.instances[InstanceId("p")].prefill.busy_until_s
+    clock.now_s = free_s  # when the timer fires, the engine is predicted free
+    placed = await asyncio.wait_for(b, timeout=30.0)
+    assert isinstance(placed.decision, Plan) and placed.decision.prefill == "p"
+    assert placed.held_s == free_s - 100.0
+    assert len(hold) == 0 and conductor.inflight() == 2
+
+
+async def test_a_replica_announces_the_plans_its_queue_commits() -> None:
+    """With ``--cluster`` / ``--workers`` the scheduler is a ReplicaScheduler: a plan the
+    queue commits (through ``decide``) reaches its outbox like one ``schedule()`` makes."""
+    clock = ManualClock()
+    replica = ReplicaScheduler(committed_cost(), policy="conductor", config=SchedulerConfig())
+    hold = bare_hold(replica, clock)
+    await hold.place(request("a", clock.now_s), clock.now_s)
+    b = asyncio.create_task(hold.place(request("b", clock.now_s), clock.now_s))
+    await settle(lambda: len(hold) == 1)
+    assert [type(e).__name__ for e in replica.outbox] == ["Reserved"]
+    replica.on_event(PrefillFinished(RequestId("a"), InstanceId("p"), clock.now_s))
+    hold.release()
+    placed = await b
+    assert isinstance(placed.decision, Plan)
+    kinds = [(type(e).__name__, e.request_id) for e in replica.outbox]
+    assert kinds == [("Reserved", "a"), ("PrefillDone", "a"), ("Reserved", "b")]
 
 
 def test_a_serve_config_switches_late_binding_off(tmp_path: Path) -> None:

@@ -188,9 +188,9 @@ class RequestPath:
                         f"engine {exc.engine_id} sent nothing within "
                         f"{self.config.upstream.read_timeout_s:g} s (read_timeout_s)"
                     ) from None
-                flight.close(Outcome.RETRIED)
-                if exc.engine_at_fault:
+                if exc.engine_at_fault:  # first: what the close releases must not go there
                     self.engines.mark_unhealthy(InstanceId(exc.engine_id), f"request: {exc.reason}")
+                flight.close(Outcome.RETRIED)
                 self.metrics.retries.labels(exc.reason).inc()
                 failures.append(str(exc))
                 log.warning("request %s: %s (attempt %d/%d)", rid, exc, attempt + 1, attempts)
