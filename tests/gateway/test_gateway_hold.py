@@ -22,7 +22,7 @@ import pytest
 from conductor.cli.serve_config import build_settings
 from conductor.core.config import SchedulerConfig
 from conductor.core.events import PrefillFinished
-from conductor.core.plan import Plan
+from conductor.core.plan import Plan, Rejection
 from conductor.core.policies.colocated import ColocatedDecode
 from conductor.core.replication import ReplicaScheduler
 from conductor.core.scheduler import Scheduler
@@ -342,6 +342,22 @@ async def test_the_timer_places_a_held_request_when_the_engine_is_predicted_free
     assert isinstance(placed.decision, Plan) and placed.decision.prefill == "p"
     assert placed.held_s == free_s - 100.0
     assert len(hold) == 0 and conductor.inflight() == 2
+
+
+async def test_a_request_still_held_at_its_deadline_is_rejected() -> None:
+    """Nothing frees p: b is still held at its deadline (the loop's time, 10 ms on), leaves
+    the queue and is rejected (``request_timeout``, the gateway's 429)."""
+    clock = ManualClock()
+    conductor = Scheduler(committed_cost(), policy="conductor", config=SchedulerConfig())
+    hold = bare_hold(conductor, clock)
+    await hold.place(request("a", clock.now_s), clock.now_s)
+    deadline = asyncio.get_running_loop().time() + 0.01
+    placed = await hold.place(request("b", clock.now_s), clock.now_s, deadline)
+    assert isinstance(placed.decision, Rejection)
+    assert placed.decision.code == "request_timeout"
+    assert placed.decision.reason == "waited 0.000s in the queue, past the request's deadline"
+    assert len(hold) == 0 and hold.queue is not None and len(hold.queue) == 0
+    assert conductor.inflight() == 1
 
 
 async def test_a_replica_announces_the_plans_its_queue_commits() -> None:

@@ -7,7 +7,8 @@ happen on every submit, whenever something may have freed capacity (:meth:`Hold.
 a flight's prefill or request ended or was cancelled, an engine joined, left or changed
 state) and on a timer at the queue's ``wakeup_s``, which is in the gateway's clock and is
 mapped onto the event loop's (``loop.call_at``). A held request whose client goes away (its
-task is cancelled) is withdrawn; a decision that reached a request whose client had just
+task is cancelled) is withdrawn, and so is one still held at its request's deadline (then
+rejected, ``request_timeout``: 429); a decision that reached a request whose client had just
 gone is cancelled in the scheduler. The rule is the policy's without the conditions the
 gateway cannot predict (:meth:`Hold._rule`). Off when the policy has no late binding or the run
 switches it off (``policy_params["late_binding"] = 0``): then :meth:`Hold.place` is
@@ -107,10 +108,12 @@ class Hold:
         prefill, decode = self.scheduler.pools()
         return bool(prefill) and bool(decode)
 
-    async def place(self, request: Request, now_s: float) -> Placed:
+    async def place(self, request: Request, now_s: float, deadline: float | None = None) -> Placed:
         """``request``'s decision (arrived at ``now_s``, gateway clock), once the queue
-        releases it; raises ``InvalidInput`` for a request the scheduler refuses to look at,
-        and ``CancelledError`` (after withdrawing it) when its task is cancelled."""
+        releases it, or a ``request_timeout`` rejection if it is still held at ``deadline``
+        (the event loop's time: the request's own deadline); raises ``InvalidInput`` for a
+        request the scheduler refuses to look at, and ``CancelledError`` (after withdrawing
+        it) when its task is cancelled."""
         queue = self.queue
         if queue is None or not self._servable():
             t0 = time.perf_counter()
@@ -124,14 +127,19 @@ class Hold:
         if mine is not None:
             self._arm(now_s)
             return mine
-        waiter = _Waiter(request, now_s, asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(request, now_s, loop.create_future())
         self._waiting[rid] = waiter
         self._arm(now_s)
+        expiry = None if deadline is None else loop.call_at(deadline, self._expire, waiter)
         try:
             return await waiter.future
         except asyncio.CancelledError:
             self._abandon(waiter)
             raise
+        finally:
+            if expiry is not None:
+                expiry.cancel()
 
     def release(self) -> None:
         """Place what the queue can place now (something may have freed capacity)."""
@@ -195,6 +203,20 @@ class Hold:
             if isinstance(placed.decision, Plan):
                 self.scheduler.cancel(rid)
                 self.release()
+
+    def _expire(self, waiter: _Waiter) -> None:
+        """The request's deadline came while it was held: it leaves with a rejection."""
+        rid = waiter.request.request_id
+        if self._waiting.pop(rid, None) is None or waiter.future.done():
+            return
+        assert self.queue is not None
+        self.queue.withdraw(rid)
+        held_s = self.clock() - waiter.since_s
+        why = f"waited {held_s:.3f}s in the queue, past the request's deadline"
+        decision = Rejection(rid, "request_timeout", why)
+        self._observe(decision, held_s)
+        waiter.future.set_result(Placed(decision, 0.0, held_s))
+        self.release()  # it may have been the head that held the others back
 
     def _flush(self, now_s: float) -> None:
         """No engine can serve: every held request gets its answer now (``no_instance``)."""

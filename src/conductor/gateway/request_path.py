@@ -161,7 +161,7 @@ class RequestPath:
             now = self.clock()
             request = Request(rid, len(token_ids), hashes, max_tokens, arrival_s=now)
             try:
-                plan = await self._schedule(request, now)
+                plan = await self._schedule(request, now, deadline)
             except NoEngine as exc:
                 if not failures:
                     raise
@@ -210,12 +210,13 @@ class RequestPath:
             headers={"Retry-After": "1"},
         )
 
-    async def _schedule(self, request: Request, now: float) -> Plan:
-        """The request's plan, once the hold queue places it (arrival ``now``); a rejection
-        raises its 429/503. ``decision_latency`` is the scheduler's time, not the wait."""
+    async def _schedule(self, request: Request, now: float, deadline: float) -> Plan:
+        """The request's plan, once the hold queue places it (arrival ``now``, held until
+        ``deadline`` at most, loop time); a rejection raises its 429/503.
+        ``decision_latency`` is the scheduler's time, not the wait."""
         policy = self.conductor.policy_name
         try:
-            placed = await self.hold.place(request, now)
+            placed = await self.hold.place(request, now, deadline)
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from None
         decision, elapsed_s = placed.decision, placed.decide_s
