@@ -33,10 +33,18 @@ from conductor.gateway.config import GatewayConfig, MonitorConfig, UpstreamConfi
 from conductor.gateway.errors import NoEngine, Overloaded
 from conductor.gateway.hold import Hold
 from conductor.gateway.metrics import GatewayMetrics
+from conductor.gateway.model_config import ModelConfig
 from conductor.gateway.service import Gateway
 from conductor.web.messages import Response
 from tests.engines.costs import committed_cost
-from tests.gateway.harness import BLOCK, MAX_MODEL_LEN, MODEL, FakeTokenizer, engine
+from tests.gateway.harness import (
+    BLOCK,
+    MAX_MODEL_LEN,
+    MODEL,
+    FakeTokenizer,
+    engine,
+    make_models_gateway,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -388,3 +396,32 @@ def test_a_serve_config_switches_late_binding_off(tmp_path: Path) -> None:
     off = build_settings({"model_path": str(model)}, [spec], sets=["late_binding=false"])
     assert off.scheduler.policy_params == {"late_binding": 0.0}
     assert off.describe()["late_binding"] is False
+
+
+async def test_with_several_models_each_pool_holds_in_its_own_queue() -> None:
+    """alpha's prefill engine is busy and a second alpha request waits; beta's pool has its
+    own queue and places at once. The gauge carries the model label."""
+    alpha = ModelConfig("alpha", max_model_len=MAX_MODEL_LEN, block_size_tokens=BLOCK)
+    beta = ModelConfig("beta", max_model_len=MAX_MODEL_LEN, block_size_tokens=BLOCK)
+    url = "http://10.0.0.1:8000"  # never called: the requests are placed, not sent
+    url_b = "http://10.0.0.2:8000"
+    gw = make_models_gateway(
+        [(alpha, FakeTokenizer()), (beta, FakeTokenizer())],
+        [engine("a0", url, model="alpha"), engine("b0", url_b, model="beta")],
+    )
+    pa, pb = gw.pools.get("alpha"), gw.pools.get("beta")
+    clock = ManualClock()
+    pa.hold.clock = pb.hold.clock = clock
+    first = await pa.hold.place(request("a1", clock.now_s), clock.now_s)
+    assert isinstance(first.decision, Plan)
+    held = asyncio.create_task(pa.hold.place(request("a2", clock.now_s), clock.now_s))
+    await settle(lambda: len(pa.hold) == 1)
+    other = await pb.hold.place(request("b1", clock.now_s), clock.now_s)
+    assert isinstance(other.decision, Plan) and other.held_s == 0.0
+    assert metric(gw, 'conductor_held_requests{model="alpha"}') == "1.0"
+    assert metric(gw, 'conductor_held_requests{model="beta"}') == "0.0"
+    held.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await held
+    assert metric(gw, 'conductor_held_requests{model="alpha"}') == "0.0"
+    assert metric(gw, 'conductor_hold_seconds_count{model="alpha",outcome="withdrawn"}') == "1.0"
