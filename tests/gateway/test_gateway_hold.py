@@ -370,7 +370,7 @@ async def test_a_request_still_held_at_its_deadline_is_rejected() -> None:
 
 async def test_a_replica_announces_the_plans_its_queue_commits() -> None:
     """With ``--cluster`` / ``--workers`` the scheduler is a ReplicaScheduler: a plan the
-    queue commits (through ``decide``) reaches its outbox like one ``schedule()`` makes."""
+    queue commits reaches its outbox once, like one ``schedule()`` makes."""
     clock = ManualClock()
     replica = ReplicaScheduler(committed_cost(), policy="conductor", config=SchedulerConfig())
     hold = bare_hold(replica, clock)

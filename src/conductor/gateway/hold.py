@@ -16,8 +16,9 @@ switches it off (``policy_params["late_binding"] = 0``): then :meth:`Hold.place`
 ``no_instance`` answer, not a wait).
 
 With a :class:`~conductor.core.replication.ReplicaScheduler` (``--cluster``, ``--workers``)
-each replica holds its own queue; a plan the queue commits is announced to the other
-replicas as ``schedule()`` would (the queue commits through ``Scheduler.decide``).
+each replica holds its own queue (a plan it commits is published by ``decide``); the
+replicas do not stagger their claims on a freed instance yet (``HoldQueue``'s ``claim``
+needs each replica's rank among the live ones).
 
 Everything runs on the gateway's one event loop: no lock.
 """
@@ -33,7 +34,6 @@ from dataclasses import dataclass, replace
 from conductor.core.late_binding import HoldQueue, late_binding_of
 from conductor.core.late_binding_rule import LateBinding
 from conductor.core.plan import Decision, Plan, Rejection
-from conductor.core.replication import ReplicaScheduler
 from conductor.core.scheduler import Scheduler
 from conductor.core.types import Request, RequestId, Role
 from conductor.gateway.metrics import PoolMetrics
@@ -165,12 +165,10 @@ class Hold:
         for d in decisions:
             rid = d.request_id
             if own is not None and rid == own.request_id:
-                self._announce(own, d)
                 self._observe(d, 0.0)
                 mine = Placed(d, share_s, 0.0)
                 continue
             waiter = self._waiting.pop(rid)
-            self._announce(waiter.request, d)
             held_s = now_s - waiter.since_s
             if waiter.future.done():  # cancelled: its task has not run its handler yet
                 self._observe(None, held_s)
@@ -180,13 +178,6 @@ class Hold:
             self._observe(d, held_s)
             waiter.future.set_result(Placed(d, share_s, held_s))
         return mine
-
-    def _announce(self, request: Request, decision: Decision) -> None:
-        """A replica tells the others of a plan committed through the queue, as its
-        ``schedule()`` does for a plan made at arrival."""
-        sched = self.scheduler
-        if isinstance(sched, ReplicaScheduler) and isinstance(decision, Plan):
-            sched._emit(sched._reserved(request, decision))
 
     def _abandon(self, waiter: _Waiter) -> None:
         """The request's task was cancelled (client gone) while it waited."""
