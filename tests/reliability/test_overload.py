@@ -4,7 +4,7 @@ bound, and it recovers fully (nothing left in flight, the next request served).
 
 Shedding at arrival is admission's, so that test runs with late binding off; with it (the
 default), a burst waits in the queue, each request until its TTFT budget runs out (then
-429), and the gateway recovers the same way."""
+429), and the gateway recovers the same way (with a TTFT SLO inside the request timeout)."""
 
 from __future__ import annotations
 
@@ -84,6 +84,17 @@ def placing_at_arrival(
         yield c
 
 
+@pytest.fixture(scope="module")
+def holding(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The suite's cluster with late binding (the default) and a TTFT SLO of 10 s, well
+    inside its 20 s request timeout: a request may wait in the queue up to its TTFT SLO
+    and must still have the time to generate (with the default 30 s it could be placed
+    with a second left, and its stream cut by the deadline)."""
+    extra = ("--ttft-slo-s", "10")
+    with cluster(tmp_path_factory.mktemp("logs"), model_dir, extra=extra) as c:
+        yield c
+
+
 def metric_lines(client: httpx.Client, prefix: str) -> list[str]:
     return [line for line in client.get("/metrics").text.splitlines() if line.startswith(prefix)]
 
@@ -131,11 +142,11 @@ def test_ten_times_capacity_is_shed_with_429_and_fully_recovered(
 
 
 def test_with_late_binding_a_ten_times_burst_waits_in_the_queue_and_recovers(
-    gateway_cluster: Cluster,
+    holding: Cluster,
 ) -> None:
     """The same burst with late binding: held (some requests waited in the queue), only
     200s and 429s, /health alive, memory bounded, and nothing left afterwards."""
-    c = gateway_cluster
+    c = holding
     t0 = time.monotonic()
     measured = asyncio.run(
         run_load(c.url, seconds=2.0, concurrency=CAPACITY_STREAMS, max_tokens=MAX_TOKENS)
