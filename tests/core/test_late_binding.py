@@ -166,3 +166,43 @@ def test_a_replica_counts_a_freed_instance_free_only_after_the_replicas_before_i
     assert late.free_at_s() == pytest.approx(1.04 + lag)
     late.claim = (0, 2, lag)  # the membership changed: now replica 0 of 2
     assert late.free_at_s() == pytest.approx(1.04)
+
+
+def test_a_withdrawn_request_leaves_the_queue_and_the_rest_keep_their_order() -> None:
+    """r1 occupies p0 until 0.04; r2, r3 and r4 wait (deadlines 30, 30.001, 30.002). r3's
+    client goes away: it leaves without a decision, nothing of it is in the scheduler, and
+    at 0.04 r2 goes; r4 follows when r2's prefill ends."""
+    c = make_conductor(1, 1, policy="conductor")
+    q = HoldQueue(c, PLAIN)
+    q.submit(req("r1", hashes(), 40), 0.0)
+    for i, rid in enumerate(("r2", "r3", "r4")):
+        assert q.submit(req(rid, hashes(), 40), 0.001 * i) == []
+    assert q.withdraw(RequestId("r3")) is True
+    assert len(q) == 2 and c.inflight() == 1
+    assert q.withdraw(RequestId("r3")) is False  # gone already
+    assert q.withdraw(RequestId("r1")) is False  # placed, not held
+    (r2,) = q.release(0.04)
+    assert isinstance(r2, Plan) and r2.request_id == "r2"
+    (r4,) = q.release(0.08)
+    assert isinstance(r4, Plan) and r4.request_id == "r4"
+    assert len(q) == 0 and c.inflight() == 3
+
+
+def test_withdrawing_the_head_clears_its_give_up_time() -> None:
+    """r1 waits for decode room: its give-up time (29.96) is the wakeup. Withdrawn, the
+    queue is empty and asks for no wakeup; a withdrawal from the middle keeps the heap
+    ordered (earliest deadline first, the withdrawn one never placed)."""
+    c = make_conductor(1, 1, policy="conductor", admission="early")
+    q = HoldQueue(c, LateBinding(0.0, decode_aware=True, nic_aware=False))
+    c.instances[iid("d0")].decode.admit(RequestId("x"), 99_995, 0, started=True)
+    assert q.submit(req("r1", hashes(), 40), 0.0) == []
+    assert q.wakeup_s(0.0) == pytest.approx(29.96)
+    assert q.withdraw(RequestId("r1")) is True
+    assert len(q) == 0 and q.wakeup_s(0.0) is None
+    for i in range(6):
+        assert q.submit(replace(req(f"s{i}", hashes(), 40), ttft_slo_s=10.0 - i), 0.0) == []
+    assert q.withdraw(RequestId("s3")) is True  # deadlines 10, 9, 8, 6, 5 are left
+    c.instances[iid("d0")].decode.release(RequestId("x"))
+    order = [d.request_id for t in (0.0, 0.04, 0.08, 0.12, 0.16) for d in q.release(t)]
+    assert order == ["s5", "s4", "s2", "s1", "s0"]  # one per 40 ms prefill of p0
+    assert len(q) == 0

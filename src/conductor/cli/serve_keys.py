@@ -34,7 +34,9 @@ class ServeOptions:
     """The options of ``conductor serve`` that no library config holds, with their defaults.
 
     ``model_name`` None: the model folder's name; ``max_model_len`` None: the model's
-    ``config.json``; ``admission`` None: the policy's own; ``preset``: a
+    ``config.json``; ``admission`` None: the policy's own; ``late_binding`` False: no
+    late-binding queue even if the policy has one (``policy_params["late_binding"] = 0``);
+    ``preset``: a
     :data:`~conductor.core.costmodel.PRESETS` name, or ``cost_file``: a file ``conductor
     profile`` wrote (not both); either recalibrated by ``prefill_tokens_per_s`` /
     ``decode_step_ms`` when given. Invariant:
@@ -46,6 +48,7 @@ class ServeOptions:
     max_model_len: int | None = None
     policy: str = DEFAULT_POLICY
     admission: str | None = None
+    late_binding: bool = True
     preset: str = DEFAULT_PRESET
     cost_file: str | None = None
     prefill_tokens_per_s: float | None = None
@@ -84,6 +87,7 @@ KEYS: dict[str, Key] = {
     "block_size": Key(EngineConfig, "block_size_tokens"),
     "policy": Key(ServeOptions, "policy"),
     "admission": Key(ServeOptions, "admission"),
+    "late_binding": Key(ServeOptions, "late_binding"),
     "preset": Key(ServeOptions, "preset"),
     "cost_file": Key(ServeOptions, "cost_file"),
     "prefill_tokens_per_s": Key(ServeOptions, "prefill_tokens_per_s"),

@@ -35,8 +35,8 @@ from conductor.gateway.model_config import ModelConfig
 from conductor.gateway.tokenizer import read_max_model_len
 
 MODEL_KEYS = ("name", "path", "served_name", "max_model_len", "block_size", "policy",
-              "admission", "preset", "cost_file", "prefill_tokens_per_s", "decode_step_ms",
-              "ttft_slo_s", "tbt_slo_ms", "seed")  # fmt: skip
+              "admission", "late_binding", "preset", "cost_file", "prefill_tokens_per_s",
+              "decode_step_ms", "ttft_slo_s", "tbt_slo_ms", "seed")  # fmt: skip
 """The keys of a ``[[models]]`` table."""
 ONE_MODEL_KEYS = ("model_path", "model_name", "max_model_len")
 """Keys of the one-model shorthand, which ``[[models]]`` replaces."""
@@ -65,6 +65,7 @@ class ModelSettings:
             "block_size": self.model.block_size_tokens,
             "policy": self.policy,
             "admission": self.scheduler.admission,
+            "late_binding": self.scheduler.policy_params.get("late_binding", 1.0) != 0.0,
             "cost_model": self.cost.name,
             "ttft_slo_s": self.scheduler.ttft_slo_s,
             "tbt_slo_s": self.scheduler.tbt_slo_s,
@@ -95,6 +96,8 @@ def scheduling(
         ttft_slo_s=v.float_("ttft_slo_s"),
         tbt_slo_s=v.float_("tbt_slo_ms") / 1e3,
         admission=v.opt_str("admission") or str(defaults.get("admission", "off")),
+        # late_binding = false: the policy's hold queue off (conductor.core.late_binding)
+        policy_params={} if v.bool_("late_binding") else {"late_binding": 0.0},
         # Chunked pipeline parallel prefill spans engines; vLLM cannot run it, so plans must
         # not contain it whatever the policy's defaults say.
         cpp_enabled=False,

@@ -6,7 +6,8 @@ does); ``SchedulerConfig.policy_params["late_binding"] = 0`` switches it off for
 :class:`HoldQueue` is pure bookkeeping over a :class:`~conductor.core.scheduler.Scheduler`:
 the shell calls :meth:`HoldQueue.submit` at arrival, :meth:`HoldQueue.release` whenever
 the cluster's state may have changed (a prefill or a request ended) or the time
-:meth:`HoldQueue.wakeup_s` named has come, and carries out the decisions they return.
+:meth:`HoldQueue.wakeup_s` named has come, and carries out the decisions they return;
+:meth:`HoldQueue.withdraw` drops a held request whose client went away.
 
 A held request is released, in order of its deadline (arrival + its TTFT SLO; with one SLO
 for all, arrival order, so nothing starves), once
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from conductor.core.late_binding_rule import LateBinding
 from conductor.core.plan import Decision, Rejection
-from conductor.core.types import InstanceId, Request
+from conductor.core.types import InstanceId, Request, RequestId
 
 if TYPE_CHECKING:  # the scheduler's policies import this module
     from conductor.core.scheduler import Prepared, Scheduler
@@ -104,6 +105,21 @@ class HoldQueue:
         self._seq += 1
         heapq.heappush(self._heap, _Held(now_s + self._slo(request), self._seq, now_s, request))
         return self.release(now_s)
+
+    def withdraw(self, request_id: RequestId) -> bool:
+        """Take a held request out of the queue without a decision (its client went away);
+        False when it is not held (placed or rejected already, or never submitted)."""
+        heap = self._heap
+        i = next((j for j, h in enumerate(heap) if h.request.request_id == request_id), -1)
+        if i < 0:
+            return False
+        if i == 0:
+            self._give_up_s = None  # that was the head's deadline
+        last = heap.pop()
+        if i < len(heap):
+            heap[i] = last
+            heapq.heapify(heap)
+        return True
 
     def free_at_s(self) -> float | None:
         """When the first prefill instance is predicted free: its compute queue done and,

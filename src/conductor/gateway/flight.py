@@ -10,6 +10,8 @@ Invariants:
 - ``PrefillFinished`` is emitted at most once, before ``RequestFinished``.
 - Events go to an engine only while it is the same registered instance as at scheduling
   time (an engine removed meanwhile took the request's bookkeeping with it).
+- ``on_change`` (late binding's release, :mod:`conductor.gateway.hold`) is called after
+  each transition that may free capacity: the prefill's end, the flight's end.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ class Flight:
         clock: Callable[[], float],
         metrics: PoolMetrics,
         scheduled_at_s: float,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.conductor = conductor
         self.plan = plan
@@ -106,6 +109,8 @@ class Flight:
         self.output_tokens: int | None = None
         """The tokens the engine generated, once known (``RequestFinished`` carries it)."""
         self._timer: asyncio.TimerHandle | None = None
+        self._on_change = on_change
+        """Called after each event that may free capacity (late binding's release)."""
 
     @property
     def request_id(self) -> RequestId:
@@ -138,6 +143,8 @@ class Flight:
             self.conductor.on_event(
                 PrefillFinished(self.request_id, self.plan.prefill, self.clock())
             )
+            if self._on_change is not None:
+                self._on_change()
 
     def first_token(self, at_s: float | None = None) -> None:
         """The first generated token reached us (streaming) at ``at_s`` (default now):
@@ -190,3 +197,5 @@ class Flight:
         else:
             self.conductor.cancel(self.request_id)
         self.metrics.child(self.metrics.finished, outcome.value).inc()
+        if self._on_change is not None:
+            self._on_change()

@@ -9,6 +9,7 @@ the admin API, :meth:`EngineSet.can_serve` for ``/health``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from conductor.core.events import AllBlocksCleared
 from conductor.core.scheduler import Scheduler
@@ -61,6 +62,12 @@ class EngineSet:
         self.conductor = conductor
         self.metrics = metrics
         self.engines: dict[InstanceId, EngineHandle] = {}
+        self.changed: Callable[[], None] | None = None
+        """Called after an engine joined, left or changed state (late binding's release)."""
+
+    def _changed(self) -> None:
+        if self.changed is not None:
+            self.changed()
 
     def add(self, config: EngineConfig) -> EngineHandle:
         check_engine_fits(config, self.model.block_size_tokens, where="engine")
@@ -76,6 +83,7 @@ class EngineSet:
         )
         self.engines[engine_id] = handle
         log.info("engine %s added (%s, %s)", engine_id, config.role.value, config.url)
+        self._changed()
         return handle
 
     def get(self, engine_id: str) -> EngineHandle:
@@ -92,12 +100,14 @@ class EngineSet:
         del self.engines[handle.engine_id]
         lost = self.conductor.remove_instance(handle.engine_id)
         log.info("engine %s removed (%d in-flight requests on it)", engine_id, len(lost))
+        self._changed()
         return len(lost)
 
     def set_draining(self, engine_id: str, draining: bool) -> None:
         handle = self.get(engine_id)
         self.conductor.set_draining(handle.engine_id, draining=draining)
         log.info("engine %s %s", engine_id, "draining" if draining else "resumed")
+        self._changed()
 
     def mark_unhealthy(self, engine_id: InstanceId, reason: str) -> None:
         """Take the engine out of scheduling and its blocks out of the index (it may have
@@ -111,6 +121,7 @@ class EngineSet:
         self.clear_blocks(handle)
         self.metrics.engine_failures.labels(engine_id, reason.split(":")[0]).inc()
         log.warning("engine %s marked unhealthy: %s", engine_id, reason)
+        self._changed()
 
     def mark_healthy(self, handle: EngineHandle) -> None:
         """The engine answered its health probe: schedule on it again if it was out (unless
@@ -120,6 +131,7 @@ class EngineSet:
         if not self.conductor.instances[handle.engine_id].healthy:
             self.conductor.set_health(handle.engine_id, healthy=True)
             log.info("engine %s healthy again", handle.engine_id)
+            self._changed()
 
     def clear_blocks(self, handle: EngineHandle) -> None:
         """Forget what the engine caches: our hash map of it and its index entries."""

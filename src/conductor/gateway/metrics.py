@@ -19,6 +19,8 @@ from conductor.gateway.metrics_state import EngineSnapshot, StateCollector
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DECISION_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2)
+HOLD_BUCKETS_S = (0.0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""Late binding's hold times; the 0 bucket counts the requests placed at once."""
 LAG_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -59,6 +61,7 @@ POOL_FAMILIES = (
     "kv_events",
     "kv_resyncs",
     "load_polls",
+    "hold_time",
 )
 """The metric families kept per model pool (labelled ``model`` with several models)."""
 
@@ -83,6 +86,7 @@ class PoolMetrics:
     kv_events: Family
     kv_resyncs: Family
     load_polls: Family
+    hold_time: Family
 
     def __init__(self, owner: GatewayMetrics, model: str) -> None:
         self.model = model
@@ -95,6 +99,11 @@ class PoolMetrics:
         """``metric.labels(*values)``, remembered (see :meth:`GatewayMetrics.child`)."""
         return self._owner.child(metric, *values)
 
+    def count_held(self, held: Callable[[], int]) -> None:
+        """``held()`` is the pool's late-binding queue length (``conductor_held_requests``,
+        read at scrape time)."""
+        self._owner.held[self.model] = held
+
 
 class GatewayMetrics:
     """The gateway's metric objects, registered in their own :class:`CollectorRegistry`."""
@@ -104,6 +113,8 @@ class GatewayMetrics:
         """Per-pool families carry a ``model`` label (several models served)."""
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._pools: dict[str, PoolMetrics] = {}
+        self.held: dict[str, Callable[[], int]] = {}
+        """Each pool's late-binding queue length, by model (:meth:`PoolMetrics.count_held`)."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         m = ["model"] if labelled else []
@@ -209,6 +220,14 @@ class GatewayMetrics:
             [*m, "engine", "result"],
             registry=r,
         )
+        self.hold_time = Histogram(
+            "conductor_hold_seconds",
+            "Late binding: time a request waited in the gateway's queue before it was placed, "
+            "rejected (its TTFT budget gone) or withdrawn (client gone); 0 when placed at once",
+            [*m, "outcome"],
+            buckets=HOLD_BUCKETS_S,
+            registry=r,
+        )
 
     def child(self, metric: Family, *values: str) -> Any:
         """``metric.labels(*values)``, remembered (the request path's label lookups are a
@@ -232,7 +251,7 @@ class GatewayMetrics:
         inflight: Callable[[], Iterable[tuple[str, int]]],
     ) -> None:
         """Export the engines' state and each model's in-flight requests at scrape time."""
-        self._state = StateCollector(engines, inflight, self.labelled)
+        self._state = StateCollector(engines, inflight, self.labelled, self.held)
         self.registry.register(self._state)
 
     def attach_http(self, counters: Callable[[], Mapping[str, int]]) -> None:

@@ -44,10 +44,12 @@ class StateCollector(Collector):
         engines: Callable[[], Iterable[EngineSnapshot]],
         inflight: Callable[[], Iterable[tuple[str, int]]],
         labelled: bool,
+        held: Mapping[str, Callable[[], int]] | None = None,
     ) -> None:
         self._engines = engines
         self._inflight = inflight
         self._labelled = labelled
+        self._held = held if held is not None else {}
         self._http: Callable[[], Mapping[str, int]] | None = None
 
     def collect(self) -> Iterator[Metric]:
@@ -164,6 +166,17 @@ class StateCollector(Collector):
         else:
             inflight.add_metric([], sum(count for _, count in counts))
         yield inflight
+        held = GaugeMetricFamily(
+            "conductor_held_requests",
+            "Late binding: requests waiting in the gateway's queue to be placed",
+            labels=["model"] if by_model else [],
+        )
+        if by_model:
+            for model, count_held in self._held.items():
+                held.add_metric([model], count_held())
+        else:
+            held.add_metric([], sum(count_held() for count_held in self._held.values()))
+        yield held
 
 
 def _engine_labels(s: EngineSnapshot, by_model: bool) -> list[str]:

@@ -4,8 +4,9 @@ A :class:`ModelPool` is what one model needs to be served: its own
 :class:`~conductor.core.scheduler.Scheduler` (prefix index, load, admission, output-length
 prediction: a hot model cannot starve another's decisions), its tokenizer and chat
 template, its engines (:class:`~conductor.gateway.membership.EngineSet`), their KV-event
-pump, their monitor loops, its request path and its metrics. :class:`Pools` holds them by
-model name, in config order.
+pump, their monitor loops, its late-binding queue (:class:`~conductor.gateway.hold.Hold`,
+released when its engines change too), its request path and its metrics. :class:`Pools`
+holds them by model name, in config order.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from conductor.core.types import InstanceId
 from conductor.gateway.config import GatewayConfig
 from conductor.gateway.engines.handle import EngineHandle
 from conductor.gateway.errors import NotFound
+from conductor.gateway.hold import Hold
 from conductor.gateway.kv_pump import KvPump
 from conductor.gateway.membership import EngineSet
 from conductor.gateway.metrics import GatewayMetrics
@@ -55,6 +57,9 @@ class ModelPool:
         self.tokenizer = tokenizer
         self.metrics = metrics.pool(model.name)
         self.members = EngineSet(model, config.monitor, conductor, self.metrics)
+        self.hold = Hold(conductor, clock, self.metrics)
+        self.members.changed = self.hold.engines_changed
+        self.metrics.count_held(self.hold.__len__)
         self.kv = KvPump(self.members, conductor, self.metrics, wall_clock)
         self.monitor = Monitor(
             self.members,
@@ -65,7 +70,7 @@ class ModelPool:
             check_all_models=config.several_models,
         )
         self.requests = RequestPath(
-            config, model, conductor, tokenizer, self.members, self.metrics, clock
+            config, model, conductor, tokenizer, self.members, self.metrics, clock, self.hold
         )
 
     @property
@@ -92,6 +97,7 @@ class ModelPool:
             "healthy_engines": sum(1 for s in snaps if s.healthy),
             "can_serve": self.can_serve(),
             "inflight_requests": self.conductor.inflight(),
+            **self.hold.describe(),
         }
 
 

@@ -1,9 +1,11 @@
 """The request path: one model's OpenAI request, parsed, to the engine's answer.
 
 :meth:`RequestPath.serve` (the gateway parsed the body and picked the model's pool): tokenize
-with the model's tokenizer, check its lengths, hash the prompt's full blocks, ``schedule()``;
-a rejection becomes 429 (or 503 when no engine can serve); a plan runs in aggregated mode
-(one engine) or disaggregated mode (the prefill leg, then the real request to the decode
+with the model's tokenizer, check its lengths, hash the prompt's full blocks, place it
+through the pool's late-binding queue (:mod:`conductor.gateway.hold`: decided at once when
+the queue is off or can start it now, else when capacity frees up); a rejection becomes 429
+(or 503 when no engine can serve); a plan runs in aggregated mode (one engine) or
+disaggregated mode (the prefill leg, then the real request to the decode
 engine, both shaped by the engines' kind). An attempt that an engine did not start is
 scheduled again, up to ``max_attempts``, until the client was sent its first byte; an
 engine whose connection failed is marked unhealthy meanwhile. A timeout fails that request
@@ -17,7 +19,6 @@ import itertools
 import logging
 import math
 import secrets
-import time
 from collections.abc import Callable
 
 from conductor.core.errors import InvalidInput
@@ -34,6 +35,7 @@ from conductor.gateway.errors import (
     UpstreamTimeout,
 )
 from conductor.gateway.flight import Flight, Mode, Outcome, completion_tokens
+from conductor.gateway.hold import Hold
 from conductor.gateway.membership import EngineSet
 from conductor.gateway.metrics import PoolMetrics
 from conductor.gateway.model_config import ModelConfig
@@ -78,6 +80,7 @@ class RequestPath:
         engines: EngineSet,
         metrics: PoolMetrics,
         clock: Callable[[], float],
+        hold: Hold,
     ) -> None:
         self.config = config
         self.model = model
@@ -86,6 +89,7 @@ class RequestPath:
         self.engines = engines
         self.metrics = metrics
         self.clock = clock
+        self.hold = hold
         self.upstream: Upstream | None = None
         self._rid_prefix = secrets.token_hex(4)
         self._rid_counter = itertools.count(1)
@@ -157,7 +161,7 @@ class RequestPath:
             now = self.clock()
             request = Request(rid, len(token_ids), hashes, max_tokens, arrival_s=now)
             try:
-                plan = self._schedule(request, now)
+                plan = await self._schedule(request, now, deadline)
             except NoEngine as exc:
                 if not failures:
                     raise
@@ -172,6 +176,7 @@ class RequestPath:
                 clock=self.clock,
                 metrics=self.metrics,
                 scheduled_at_s=now,
+                on_change=self.hold.release,
             )
             try:
                 return await self._execute(req, flight, deadline)
@@ -183,9 +188,9 @@ class RequestPath:
                         f"engine {exc.engine_id} sent nothing within "
                         f"{self.config.upstream.read_timeout_s:g} s (read_timeout_s)"
                     ) from None
-                flight.close(Outcome.RETRIED)
-                if exc.engine_at_fault:
+                if exc.engine_at_fault:  # first: what the close releases must not go there
                     self.engines.mark_unhealthy(InstanceId(exc.engine_id), f"request: {exc.reason}")
+                flight.close(Outcome.RETRIED)
                 self.metrics.retries.labels(exc.reason).inc()
                 failures.append(str(exc))
                 log.warning("request %s: %s (attempt %d/%d)", rid, exc, attempt + 1, attempts)
@@ -205,14 +210,16 @@ class RequestPath:
             headers={"Retry-After": "1"},
         )
 
-    def _schedule(self, request: Request, now: float) -> Plan:
+    async def _schedule(self, request: Request, now: float, deadline: float) -> Plan:
+        """The request's plan, once the hold queue places it (arrival ``now``, held until
+        ``deadline`` at most, loop time); a rejection raises its 429/503.
+        ``decision_latency`` is the scheduler's time, not the wait."""
         policy = self.conductor.policy_name
-        t0 = time.perf_counter()
         try:
-            decision = self.conductor.schedule(request, now)
+            placed = await self.hold.place(request, now, deadline)
         except InvalidInput as exc:
             raise BadRequest(str(exc)) from None
-        elapsed_s = time.perf_counter() - t0
+        decision, elapsed_s = placed.decision, placed.decide_s
         if isinstance(decision, Rejection):
             self.metrics.child(self.metrics.decision_latency, policy).observe(elapsed_s)
             self.metrics.decisions.labels(policy, "rejected").inc()

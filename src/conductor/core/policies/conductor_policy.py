@@ -16,7 +16,7 @@ Decode: the lowest predicted TBT with the KV hand-off's tail in the first interv
 (:mod:`conductor.core.policies.first_interval`). Late binding (``late_binding``,
 :mod:`conductor.core.late_binding`): requests are held, earliest deadline first, until a
 prefill instance is predicted free (compute and NIC; horizon 0) and a decode instance is
-predicted within 90% of the TBT SLO; the shell (the simulator; not yet the gateway) runs the
+predicted within 90% of the TBT SLO; the shells (the simulator, the gateway) run the
 queue. Both were chosen on generated workloads only (docs/policies.md).
 
 The rest of Conductor comes from the scheduler configuration that the shells build for this
