@@ -28,10 +28,10 @@ from conductor.core.events import (
 )
 from conductor.core.forecast import DecodeForecast
 from conductor.core.hotspot import HotspotTracker
-from conductor.core.nic import NicBook, Transfers
+from conductor.core.inflight import InFlight
+from conductor.core.nic import NicBook
 from conductor.core.output_length import (
     LengthHistogram,
-    OutputEstimate,
     OutputLengthModel,
     output_cap,
 )
@@ -48,17 +48,6 @@ from conductor.core.policies.registry import DEFAULT_POLICY
 from conductor.core.prefix_index import PrefixIndex
 from conductor.core.state import InstanceSpec, InstanceState
 from conductor.core.types import InstanceId, Request, RequestId
-
-
-@dataclass(slots=True)
-class _InFlight:
-    request: Request
-    prefill: InstanceId
-    decode: InstanceId | None
-    output: OutputEstimate
-    cpp_nodes: tuple[InstanceId, ...] = ()
-    prefill_done: bool = False
-    transfers: Transfers | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +100,7 @@ class Scheduler:
         self.decode_policy: DecodePolicy = decode_policy or LeastTbtDecode()
         self.index = PrefixIndex()
         self.instances: dict[InstanceId, InstanceState] = {}
-        self._inflight: dict[RequestId, _InFlight] = {}
+        self._inflight: dict[RequestId, InFlight] = {}
         self._rng = random.Random(self.config.seed)
         self._rr = 0
         self._pools: tuple[list[InstanceState], list[InstanceState]] | None = None
@@ -343,7 +332,7 @@ class Scheduler:
                 req.request_id, decode, ctx.now_s + pre.ttft_s, req.prompt_tokens, out
             )
             self.instances[decode].decode.admit(req.request_id, req.prompt_tokens, int(out.mean))
-        self._inflight[req.request_id] = _InFlight(
+        self._inflight[req.request_id] = InFlight(
             req,
             pre.instance,
             None if deferred else decode,
