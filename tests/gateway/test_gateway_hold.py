@@ -305,17 +305,23 @@ async def test_without_late_binding_requests_are_placed_at_arrival(
     assert "outcome=" not in metric_lines(gw, "conductor_hold_seconds_count")
 
 
-async def test_the_rule_drops_what_the_gateway_cannot_predict() -> None:
-    """No NIC model in the gateway; no decode condition while a prefill-only engine hands
-    KV off (its predicted tail would make every decode instance look too slow)."""
+async def test_the_rule_drops_only_the_nic_condition() -> None:
+    """No NIC model in the gateway (the engines' connectors send the KV); the decode
+    condition stays, also with prefill-only engines: their hand-offs are priced at the cost
+    model's NIC bandwidth (engines cannot pull each other's KV, ``pulls_kv=False``), so a
+    disaggregated plan's predicted TBT is the decode step's, not a vanishing bandwidth's."""
     engines, clock = GatedEngines(), ManualClock()
     split = build(engines, clock)
     assert split.pools.first.describe()["late_binding"] == {
         "horizon_s": 0.0,
-        "decode_aware": False,
+        "decode_aware": True,
         "tbt_margin": 0.1,
         "nic_aware": False,
     }
+    assert not any(s.spec.pulls_kv for s in split.conductor.instances.values())
+    plan = split.conductor.schedule(Request(RequestId("x"), 64, (), None), clock())
+    assert isinstance(plan, Plan) and plan.prefill != plan.decode
+    assert 0.0 < plan.predicted_tbt_s < split.conductor.config.tbt_slo_s
     both = build(engines, clock, roles=(Role.BOTH, Role.BOTH))
     rule = both.pools.first.hold.queue
     assert rule is not None and rule.rule.decode_aware and not rule.rule.nic_aware

@@ -34,6 +34,10 @@ class InstanceSpec:
     nic_bytes_per_s: float | None = None
     rack: str = "rack0"
     cache_capacity_tokens: int | None = None
+    pulls_kv: bool = True
+    """Whether it can fetch KV blocks from another instance's cache (Algorithm 1's remote
+    prefix). A gateway's engines cannot (no shared KV store between them): their plans reuse
+    their own cache only, while their KV hand-offs to decode still take NIC time."""
 
 
 @dataclass(slots=True)

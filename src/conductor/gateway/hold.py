@@ -35,7 +35,7 @@ from conductor.core.late_binding import HoldQueue, late_binding_of
 from conductor.core.late_binding_rule import LateBinding
 from conductor.core.plan import Decision, Plan, Rejection
 from conductor.core.scheduler import Scheduler
-from conductor.core.types import Request, RequestId, Role
+from conductor.core.types import Request, RequestId
 from conductor.gateway.metrics import PoolMetrics
 
 
@@ -84,24 +84,16 @@ class Hold:
         return len(self._waiting)
 
     def _rule(self) -> LateBinding | None:
-        """The policy's rule as the gateway can run it. The gateway has no NIC model (the
-        engines hand KV off through their own connectors; their bandwidth here is the
-        vanishing one that prices fetches out, ``membership.NO_FETCH_BYTES_PER_S``), so the
-        NIC condition is off, and so is the decode condition while the pool has a
-        prefill-only engine: its hand-offs' predicted tail, at that bandwidth, would make
-        every decode instance look too slow."""
+        """The policy's rule as the gateway can run it: without the NIC condition (the
+        engines hand KV off through their own connectors, which the gateway does not see
+        sending; the hand-off's predicted time still counts in the decode choice)."""
         rule = self.policy_rule
         if rule is None:
             return None
-        handoffs = any(s.spec.role is Role.PREFILL for s in self.scheduler.instances.values())
-        return replace(rule, nic_aware=False, decode_aware=rule.decode_aware and not handoffs)
+        return replace(rule, nic_aware=False)
 
     def engines_changed(self) -> None:
-        """An engine joined, left or changed state: the rule may change, capacity too."""
-        if self.queue is not None:
-            rule = self._rule()
-            assert rule is not None
-            self.queue.rule = rule
+        """An engine joined, left or changed state: capacity may have changed."""
         self.release()
 
     def _servable(self) -> bool:

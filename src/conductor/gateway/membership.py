@@ -24,10 +24,6 @@ from conductor.gateway.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
-NO_FETCH_BYTES_PER_S = 1e-3
-"""Engines cannot pull each other's KV blocks through the gateway (no shared store): a
-fetch is priced out by a vanishing cross-engine bandwidth, so plans reuse local caches only."""
-
 
 def kv_drops(handle: EngineHandle) -> dict[str, int]:
     """What the engine's KV feed dropped, by reason (undecodable messages, events lost to a
@@ -75,7 +71,7 @@ class EngineSet:
         if engine_id in self.engines or engine_id in self.conductor.instances:
             raise Conflict(f"engine {engine_id!r} already exists", param="id")
         self.conductor.add_instance(
-            InstanceSpec(engine_id, config.role, nic_bytes_per_s=NO_FETCH_BYTES_PER_S)
+            InstanceSpec(engine_id, config.role, pulls_kv=False)  # no KV store between engines
         )
         monitor = self.monitor
         handle = make_handle(

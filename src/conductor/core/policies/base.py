@@ -129,7 +129,7 @@ class SchedulingContext:
         local = self.local_tokens(inst)
         best = self.best_tokens()
         source = self.fetch_source(iid)
-        if source is None or best <= local:
+        if source is None or best <= local or not inst.spec.pulls_kv:
             return self.local_choice(inst)
         fetch = best - local
         bw = inst.spec.nic_bytes_per_s

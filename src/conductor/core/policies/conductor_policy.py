@@ -64,7 +64,7 @@ class ConductorPolicy:
         for inst in ctx.prefill_pool:
             spec = inst.spec
             iid = spec.instance_id
-            k = (local_blocks(iid, 0), spec.nic_bytes_per_s, iid == sole)
+            k = (local_blocks(iid, 0), spec.nic_bytes_per_s, iid == sole or not spec.pulls_kv)
             est = estimates.get(k)
             if est is None:
                 est = estimates[k] = _estimate(ctx, best_tokens, *k)
@@ -94,13 +94,14 @@ def _estimate(
     best_tokens: int,
     local_blocks: int,
     nic_bytes_per_s: float | None,
-    sole_holder: bool,
+    no_fetch: bool,
 ) -> tuple[float, float]:
     """(TTFT - queue) computing locally, and fetching first (inf when there is nothing to
-    fetch; the NIC wait is the caller's, per instance)."""
+    fetch, or ``no_fetch``: the instance holds the only copy or cannot pull KV; the NIC wait
+    is the caller's, per instance)."""
     local = ctx.tokens(local_blocks)
     compute_local = ctx.prefill_s(local)
-    if best_tokens > local and not sole_holder:
+    if best_tokens > local and not no_fetch:
         fetch = ctx.cost.transfer_s(best_tokens - local, nic_bytes_per_s) + ctx.prefill_s(
             best_tokens
         )

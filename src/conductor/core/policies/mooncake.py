@@ -57,7 +57,7 @@ class MooncakePolicy:
         for inst in ctx.prefill_pool:
             spec = inst.spec
             iid = spec.instance_id
-            key = (local_blocks(iid, 0), spec.nic_bytes_per_s, iid == sole)
+            key = (local_blocks(iid, 0), spec.nic_bytes_per_s, iid == sole or not spec.pulls_kv)
             est = estimates.get(key)
             if est is None:
                 est = estimates[key] = _estimate(ctx, *key)
@@ -72,16 +72,17 @@ class MooncakePolicy:
 
 
 def _estimate(
-    ctx: SchedulingContext, local_blocks: int, nic_bytes_per_s: float | None, sole_holder: bool
+    ctx: SchedulingContext, local_blocks: int, nic_bytes_per_s: float | None, no_fetch: bool
 ) -> tuple[float, float, bool]:
     """``(T_transfer, T_prefill, fetches)`` of an instance with ``local_blocks`` cached:
-    Algorithm 1's branch, as ``ctx.fetch_choice`` / ``ctx.local_choice`` compute it."""
+    Algorithm 1's branch, as ``ctx.fetch_choice`` / ``ctx.local_choice`` compute it
+    (``no_fetch``: it holds the only copy, or cannot pull KV)."""
     local = ctx.tokens(local_blocks)
     best = ctx.best_tokens()
     # fetch_choice falls back to local when there is no other source or nothing to gain
     if (
         wants_fetch(best, local, ctx.config.kvcache_balancing_threshold)
-        and not sole_holder
+        and not no_fetch
         and local < best
     ):
         return ctx.cost.transfer_s(best - local, nic_bytes_per_s), ctx.prefill_s(best), True
