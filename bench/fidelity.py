@@ -26,6 +26,19 @@
 8. Compare (per request and in aggregate), write ``--json``, the scatter ``--plot`` and
    ``--doc`` (docs/fidelity.md; its analysis section is kept between runs).
 
+``--scenario pd``: the same slice on 1 prefill + 1 decode vLLM engine handing KV over with
+vLLM's ExampleConnector (a shared folder, emptied before every replay; each engine's OpenMP
+thread on its own core as above), the gateway given those roles, the simulator run with
+``--prefill 1 --decode 1``. With one engine of each role every policy places alike: one
+policy (conductor) unless ``--policies`` says otherwise; vLLM only (no emulated P/D).
+Between 3. and 4.: the hand-off probe (``fidelity_cluster.handoff_probe``, one request at
+a time, a few prompt lengths): TTFT through the gateway minus the prefill engine's own time,
+fitted as ``latency + s_per_token * tokens``; the cost file's ``[transfer]`` (``conductor profile``
+writes option values there, not measurements) is set from that fit, and that file is the
+one the gateway and the simulator use. Compared: the simulator as it is (its TTFT ends with
+the prefill), and its TTFT plus the fitted hand-off. The doc's "P/D scenario" section is
+rewritten; the rest of the doc is left alone.
+
 Everything shares this machine's cores; the doc says what else was running.
 """
 
@@ -52,14 +65,18 @@ from fidelity_parts import (  # noqa: E402
     alone_slowdown,
     busy_fraction,
     compare,
+    fit_handoff,
     ordering,
+    pd_intervals,
     row_intervals,
     scale_records,
     sim_config,
     sim_rows,
+    with_handoff,
+    with_transfer,
 )
 
-from conductor.core.cost_file import parse_cost_file  # noqa: E402
+from conductor.core.cost_file import parse_cost_file, render_cost_file  # noqa: E402
 from conductor.sim.simulator import simulate  # noqa: E402
 from conductor.workload.max_tokens import MaxTokens  # noqa: E402
 from conductor.workload.trace import (  # noqa: E402
@@ -120,8 +137,18 @@ def run_sim(
     return {
         "summary": res.summary,
         "rows": rows,
-        "busy": busy_fraction(row_intervals(rows), window),
+        "busy": busy_fraction(intervals(rows, args), window),
     }
+
+
+def intervals(rows: list[dict[str, Any]], args: Any) -> list[Any]:
+    """Per engine, when it had a request: P/D splits each request at its first token."""
+    return pd_intervals(rows) if is_pd(args) else row_intervals(rows)
+
+
+def is_pd(args: Any) -> bool:
+    """Whether ``args`` (the bench's options, or a test's few) asks for the P/D scenario."""
+    return getattr(args, "scenario", "both") == "pd"
 
 
 def choose_speed(trace: Path, cost: Any, shape: EngineShape, args: Any) -> tuple[float, dict]:
@@ -129,16 +156,17 @@ def choose_speed(trace: Path, cost: Any, shape: EngineShape, args: Any) -> tuple
     best, best_gap = SPEEDS[0], 9.0
     for s in SPEEDS:
         busy = run_sim(trace, s, "round_robin", cost, shape, args)["busy"]
-        mean = sum(busy.values()) / len(busy)
+        # P/D: the busier engine (the prefill one, mostly) sets the rate
+        mean = max(busy.values()) if is_pd(args) else sum(busy.values()) / len(busy)
         ladder[str(s)] = round(mean, 4)
         if abs(mean - args.target_busy) < best_gap:
             best, best_gap = s, abs(mean - args.target_busy)
     return best, ladder
 
 
-def measured_busy(rows: list[dict[str, Any]]) -> dict[str, float]:
+def measured_busy(rows: list[dict[str, Any]], args: Any = None) -> dict[str, float]:
     arrivals = [r["arrival_s"] for r in rows]
-    return busy_fraction(row_intervals(rows), (min(arrivals), max(arrivals)))
+    return busy_fraction(intervals(rows, args), (min(arrivals), max(arrivals)))
 
 
 def replays(
@@ -153,6 +181,7 @@ def replays(
     for rep in range(args.repeats):
         for i, policy in enumerate(args.policies):
             codes = fc.reset_prefix_cache(engines)
+            kv_files = fc.clear_folder(args.shared_kv) if args.shared_kv else None
             gw = fc.gateway(
                 engines, cost_file, policy, args.admission, args.flags, work,
                 ttft_slo_s=args.ttft_slo_s, tbt_slo_ms=args.tbt_slo_ms,
@@ -163,7 +192,8 @@ def replays(
                 run = fc.replay(url, trace, speed, seed, engines, out, f"{kind}:{policy}",
                                 args.flags.model)  # fmt: skip
             run["reset_status"] = codes
-            run["busy"] = measured_busy(run["rows"])
+            run["kv_folders_cleared"] = kv_files
+            run["busy"] = measured_busy(run["rows"], args)
             run["seed"] = seed
             s = run["summary"]
             print(
@@ -182,6 +212,8 @@ def warm(
     engines: list[fc.Engine], cost_file: Path, trace: Path, speed: float, args: Any, work: Path
 ) -> None:
     """One unmeasured replay of the slice (token seed 0, round robin)."""
+    if args.shared_kv:
+        fc.clear_folder(args.shared_kv)
     gw = fc.gateway(
         engines, cost_file, "round_robin", args.admission, args.flags, work,
         ttft_slo_s=args.ttft_slo_s, tbt_slo_ms=args.tbt_slo_ms,
@@ -247,6 +279,125 @@ def emu_vs_real(
     return out
 
 
+def handoff(
+    engines: list[fc.Engine], cost_file: Path, cost: Any, args: Any, work: Path
+) -> tuple[Path, Any, dict[str, Any]]:
+    """P/D: the hand-off probe through a conductor gateway, its fit, and the cost file with
+    its ``[transfer]`` set from the fit (the file the replays and the simulator use); the
+    cost file's own prediction beside each measured length."""
+    import tomllib
+
+    prefill, decode = engines
+    gw = fc.gateway(
+        engines, cost_file, "conductor", args.admission, args.flags, work,
+        ttft_slo_s=args.ttft_slo_s, tbt_slo_ms=args.tbt_slo_ms,
+    )  # fmt: skip
+    lengths = [int(x) for x in args.handoff_lengths.split(",") if x]
+    load0 = [round(x, 2) for x in os.getloadavg()]
+    with gw as url:
+        samples = fc.handoff_probe(prefill, decode, url, lengths, args.handoff_samples, seed=7)
+    fit = fit_handoff([(int(r["prompt_tokens"]), r["handoff_s"]) for r in samples])
+    fitted = with_transfer(cost, fit)
+    info: dict[str, Any] = {
+        "samples": samples,
+        "loadavg_before": load0,
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "fit": {
+            "latency_s": round(fit.latency_s, 6),
+            "s_per_token": fit.s_per_token,
+            "n": fit.n,
+            "max_residual_s": round(fit.max_residual_s, 6),
+        },
+        "profiled_transfer": {
+            "bytes_per_s": cost.transfer_bytes_per_s,
+            "latency_s": cost.transfer_latency_s,
+        },
+        "kv_bytes_per_token": cost.kv_bytes_per_token,
+    }
+    use = cost if fitted is None else fitted
+    per: list[dict[str, Any]] = []
+    for n in lengths:
+        got = [r for r in samples if r["prompt_tokens"] == n]
+
+        def med(key: str, rows: list[dict[str, float]] = got) -> float:
+            return round(float(sorted(r[key] for r in rows)[len(rows) // 2]), 4)
+
+        pre = cost.prefill_s(n, 0)
+        per.append(
+            {
+                "prompt_tokens": n,
+                "prefill_s": med("prefill_s"),
+                "decode_leg_ttft_s": med("decode_leg_ttft_s"),
+                "pd_ttft_s": med("pd_ttft_s"),
+                "handoff_s": med("handoff_s"),
+                "fit_s": round(fit.at(n), 4),
+                "cost_prefill_s": round(pre, 4),
+                "profiled_transfer_s": round(cost.transfer_s(n), 4),
+                "fitted_transfer_s": round(use.transfer_s(n), 4),
+                # the simulator streams the transfer from the prefill's start: only what
+                # outlasts the prefill delays the decode; its TTFT ends with the prefill
+                "sim_decode_delay_s": round(max(0.0, use.transfer_s(n) - pre), 4),
+            }
+        )
+    info["by_length"] = per
+    if fitted is None:
+        info["transfer_set"] = False
+        return cost_file, cost, info
+    doc = tomllib.loads(cost_file.read_text())
+    doc["transfer"] = {
+        "bytes_per_s": fitted.transfer_bytes_per_s,
+        "latency_s": fitted.transfer_latency_s,
+    }
+    measured = dict(doc.get("measured", {}))
+    measured["transfer"] = (
+        "bench/fidelity.py --scenario pd hand-off probe (ExampleConnector, shared folder):"
+        f" TTFT through the gateway minus the prefill leg, {fit.n} samples at {lengths}"
+        " tokens, fitted latency_s + tokens * kv_bytes_per_token / bytes_per_s"
+    )
+    doc["measured"] = measured
+    out = work / "cost-pd.toml"
+    out.write_text(render_cost_file(doc, ["conductor profile's file, [transfer] fitted"]))
+    info["transfer_set"] = True
+    info["fitted_transfer"] = doc["transfer"]
+    return out, parse_cost_file(out.read_text()).cost, info
+
+
+def analyse_pd(
+    sims: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]], fit: Any,
+    cost: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """P/D: per policy, each measured run against the simulation (``sim``), the
+    simulation with the profile's own ``[transfer]`` (``sim, profile's transfer``) and the
+    simulation's TTFT plus the fitted hand-off (``sim + hand-off``). The hit rate is the
+    prefill engine's (the decode engine loads every prompt from the connector's files)."""
+    out: dict[str, Any] = {}
+    for policy, reps in runs.items():
+        variants = {
+            f"{policy}: sim": sims["fitted"][policy]["rows"],
+            f"{policy}: sim, profile's transfer": sims["profiled"][policy]["rows"],
+            f"{policy}: sim + hand-off": with_handoff(sims["fitted"][policy]["rows"], fit),
+        }
+        sim_hit = float(sims["fitted"][policy]["summary"]["cache_hit_rate"])
+        for name, rows in variants.items():
+            per = []
+            for run in reps:
+                c = compare(rows, run["rows"])
+                pre = run["engine_counters"]["p0"]
+                q = pre[fc.PREFIX_METRICS[1]]
+                real_hit = pre[fc.PREFIX_METRICS[0]] / q if q else None
+                c["hit_rate_sim"] = round(sim_hit, 4)
+                c["hit_rate_engines"] = None if real_hit is None else round(real_hit, 4)
+                c["hit_rate_error_points"] = (
+                    None if real_hit is None else round(100 * (sim_hit - real_hit), 2)
+                )
+                c["alone_slowdown_measured"] = alone_slowdown(
+                    [{**r, "decode": r.get("prefill")} for r in run["rows"]], cost
+                )
+                per.append(c)
+            out[name] = per
+    return out
+
+
 def strip(runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
     """The runs without their per-request rows (kept in the comparisons' pairs)."""
     return {p: [{k: v for k, v in r.items() if k != "rows"} for r in rs] for p, rs in runs.items()}
@@ -260,8 +411,18 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=1, help="unmeasured replays first (vLLM)")
     p.add_argument("--speed", default="auto", help="replay speed, or auto (see 4.)")
     p.add_argument("--target-busy", type=float, default=0.65)
-    p.add_argument("--policies", default=",".join(POLICIES))
-    p.add_argument("--kinds", default="vllm,emulate", help="vllm and/or emulate")
+    p.add_argument(
+        "--scenario",
+        choices=("both", "pd"),
+        default="both",
+        help="both: 2 engines of role both; pd: 1 prefill + 1 decode (ExampleConnector)",
+    )
+    p.add_argument("--policies", default=None, help="default: all three; pd: conductor")
+    p.add_argument(
+        "--kinds", default=None, help="vllm and/or emulate (default both; pd: vllm only)"
+    )
+    p.add_argument("--handoff-lengths", default="64,256,512,1024,1984", help="pd probe")
+    p.add_argument("--handoff-samples", type=int, default=5, help="pd probe, per length")
     p.add_argument("--cost-file", type=Path, default=None, help="default: profile e0 now")
     p.add_argument("--admission", default="off")
     p.add_argument(
@@ -281,16 +442,32 @@ def main() -> int:
         help="the engines' model folder (default: bench/fidelity_model.py's, made if missing)",
     )
     p.add_argument("--json", type=Path, default=REPO / "docs/results/fidelity.json")
-    p.add_argument("--plot", type=Path, default=REPO / "docs/figures/fidelity_ttft.png")
+    p.add_argument("--plot", type=Path, default=None, help="default: docs/figures/...png")
     p.add_argument("--doc", type=Path, default=REPO / "docs/fidelity.md")
     args = p.parse_args()
-    args.policies = [x for x in args.policies.split(",") if x]
-    kinds = [x for x in args.kinds.split(",") if x]
+    args.plot_given = args.plot is not None
+    if args.plot is None:
+        args.plot = REPO / "docs/figures/fidelity_ttft.png"
+    pd = args.scenario == "pd"
+    policies = args.policies or ("conductor" if pd else ",".join(POLICIES))
+    args.policies = [x for x in policies.split(",") if x]
+    kinds = [x for x in (args.kinds or ("vllm" if pd else "vllm,emulate")).split(",") if x]
+    if pd and kinds != ["vllm"]:
+        print("--scenario pd runs real vLLM only (--kinds vllm)", file=sys.stderr)
+        return 2
     why = missing_prerequisites()
     if why is not None and "vllm" in kinds:
         print(f"cannot run: {why}", file=sys.stderr)
         return 1
     ensure_model(args.model)
+    if pd:
+        # ExampleConnector stores a prompt's KV at its first step, from the blocks allocated
+        # by then: a prompt chunked over steps is stored cut short and the decode engine's
+        # load fails (shape mismatch, engine dead). P/D engines run unchunked, with a budget
+        # that holds the longest prompt.
+        args.max_num_batched_tokens = max(
+            args.max_num_batched_tokens, fc.EngineFlags().max_model_len
+        )
     args.flags = fc.EngineFlags(
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
@@ -303,10 +480,14 @@ def main() -> int:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     result: dict[str, Any] = {
         "command": " ".join(["bench/fidelity.py", *sys.argv[1:]]),
+        "scenario": args.scenario,
+        "target_busy": args.target_busy,
+        "work_dir": str(work),
         "started": started,
         "requests": n,
         "scaling": {k: getattr(scaling, k) for k in Scaling.__slots__},
         "engine_flags": {k: str(getattr(args.flags, k)) for k in fc.EngineFlags.__slots__},
+        "max_num_batched_tokens": args.max_num_batched_tokens,
         "admission": args.admission,
         "warmup_replays": args.warmup,
         "profile_both": args.profile_both,
@@ -315,7 +496,20 @@ def main() -> int:
         "other_load_at_start": fc.other_load(),
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
-    engines = fc.start_vllm(2, args.flags, work, args.pin) if "vllm" in kinds else []
+    args.shared_kv = None
+    start: dict[str, Any] = {}
+    if pd:
+        args.shared_kv = work / "kv"
+        args.shared_kv.mkdir()
+        start = {
+            "roles": (("p0", "prefill"), ("d0", "decode")),
+            "extra_args": [
+                [*a, "--no-enable-chunked-prefill"] for a in fc.pd_connector_args(args.shared_kv)
+            ],
+        }
+        result["chunked_prefill"] = False
+        result["kv_transfer"] = "ExampleConnector, shared folder " + str(args.shared_kv)
+    engines = fc.start_vllm(2, args.flags, work, args.pin, **start) if "vllm" in kinds else []
     try:
         cost_file = args.cost_file
         if cost_file is None:
@@ -330,17 +524,25 @@ def main() -> int:
         result["cost_file"] = str(cost_file)
         result["cost_file_text"] = cost_file.read_text()
         cost = parse_cost_file(cost_file.read_text()).cost
+        profiled = cost
+        if pd:
+            cost_file, cost, result["handoff"] = handoff(engines, cost_file, cost, args, work)
+            result["cost_file_pd"] = str(cost_file)
+            result["cost_file_pd_text"] = cost_file.read_text()
+            print(f"hand-off: {result['handoff']['by_length']}", file=sys.stderr, flush=True)
         kv = cost.kv_capacity_tokens
         if engines:
             cc = engines[0].info["cache_config"]
             kv = int(cc["num_gpu_blocks"]) * int(cc["block_size"])
             result["engines"] = [e.info for e in engines]
         shape = EngineShape(
-            n=2,
+            n=0 if pd else 2,
             max_num_batched_tokens=args.flags.max_num_batched_tokens,
             max_num_seqs=args.flags.max_num_seqs,
             block_tokens=args.flags.block_size,
             kv_capacity_tokens=kv,
+            n_prefill=1 if pd else 0,
+            n_decode=1 if pd else 0,
         )
         result["shape"] = {k: getattr(shape, k) for k in EngineShape.__slots__}
         if args.speed == "auto":
@@ -351,12 +553,19 @@ def main() -> int:
         result["speed"] = speed
         print(f"{n} requests at speed {speed}", file=sys.stderr, flush=True)
         sim = {pol: run_sim(trace, speed, pol, cost, shape, args) for pol in args.policies}
+        sim_profiled = (
+            {pol: run_sim(trace, speed, pol, profiled, shape, args) for pol in args.policies}
+            if pd
+            else {}
+        )
         real: dict[str, list[dict[str, Any]]] = {}
         if engines:
             real = replays("vllm", engines, cost_file, trace, speed, args, work)
     finally:
         for e in engines:
             e.stop()
+        if args.shared_kv:  # the connector's files: up to ~1 GB for 200 requests
+            fc.clear_folder(args.shared_kv)
     emu: dict[str, list[dict[str, Any]]] = {}
     if "emulate" in kinds:
         emus = fc.start_emulated(2, args.flags, cost_file, kv // shape.block_tokens, work,
@@ -367,6 +576,18 @@ def main() -> int:
             for e in emus:
                 e.stop()
     result["sim"] = {pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim.items()}
+    if pd:
+        from fidelity_parts import HandoffFit
+
+        fit = HandoffFit(**result["handoff"]["fit"])
+        result["sim_profiled_transfer"] = {
+            pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim_profiled.items()
+        }
+        if real:
+            result["real"] = strip(real)
+            sims = {"fitted": sim, "profiled": sim_profiled}
+            result["sim_vs_real"] = analyse_pd(sims, real, fit, cost)
+        return finish(result, args)
     if real:
         result["real"] = strip(real)
         result["sim_vs_real"] = analyse(sim, real, cost)
@@ -377,11 +598,22 @@ def main() -> int:
         result["order_emulated"] = policy_order(sim, emu)
     if real and emu:
         result["emulated_vs_real"] = emu_vs_real(emu, real)
+    return finish(result, args)
+
+
+def finish(result: dict[str, Any], args: Any) -> int:
+    """Write the JSON, the plot and the doc (P/D: only the doc's P/D section)."""
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"results written to {args.json} (work files in {work})", file=sys.stderr)
+    print(f"results written to {args.json}", file=sys.stderr)
+    if args.scenario == "pd":
+        plot = args.plot if args.plot_given else REPO / "docs/figures/fidelity_pd_ttft.png"
+        if "sim_vs_real" in result:
+            fidelity_report.plot(result, plot)
+        fidelity_report.write_pd_doc(result, args.doc, args.json, plot)
+        return 0
     fidelity_report.plot(result, args.plot)
     fidelity_report.write_doc(result, args.doc, args.json, args.plot)
     return 0

@@ -36,6 +36,11 @@ from tests.engines.fixtures import (  # noqa: E402
 CLI = [sys.executable, "-m", "conductor.cli.main"]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PREFIX_METRICS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+EXTERNAL_METRICS = (
+    "vllm:external_prefix_cache_hits_total",
+    "vllm:external_prefix_cache_queries_total",
+)
+"""The KV connector's hits (a P/D decode engine: the blocks it loaded from the prefill's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +57,7 @@ class EngineFlags:
 
 @dataclass
 class Engine:
-    """One running engine: its id, URL, KV event ports and process group."""
+    """One running engine: its id, URL, KV event ports, process group and gateway role."""
 
     engine_id: str
     url: str
@@ -62,12 +67,13 @@ class Engine:
     log_path: Path
     vllm: VllmEngine | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    role: str = "both"
 
     @property
     def spec(self) -> str:
         """This engine as ``conductor serve --engine`` takes it."""
         return (
-            f"{self.url},role=both,id={self.engine_id},kv_events=tcp://127.0.0.1:{self.kv_port},"
+            f"{self.url},role={self.role},id={self.engine_id},kv_events=tcp://127.0.0.1:{self.kv_port},"
             f"replay=tcp://127.0.0.1:{self.replay_port},block_size={BLOCK_SIZE_TOKENS}"
         )
 
@@ -122,11 +128,13 @@ def group_cpu_s(pgid: int) -> float:
 
 
 def counters(url: str) -> dict[str, float]:
-    """The engine's ``vllm:prefix_cache_{hits,queries}_total`` (summed over label sets)."""
+    """The engine's ``vllm:prefix_cache_{hits,queries}_total`` and
+    ``vllm:external_prefix_cache_{hits,queries}_total`` (summed over label sets)."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    out = dict.fromkeys(PREFIX_METRICS, 0.0)
+    names = (*PREFIX_METRICS, *EXTERNAL_METRICS)
+    out = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
-        for name in PREFIX_METRICS:
+        for name in names:
             if line.startswith(name + "{") or line.startswith(name + " "):
                 out[name] += float(line.rsplit(" ", 1)[1])
     return out
@@ -157,17 +165,26 @@ def reset_prefix_cache(engines: Sequence[Engine]) -> list[int]:
     return codes
 
 
-def start_vllm(n: int, flags: EngineFlags, work: Path, pin: bool) -> list[Engine]:
+def start_vllm(
+    n: int,
+    flags: EngineFlags,
+    work: Path,
+    pin: bool,
+    *,
+    roles: Sequence[tuple[str, str]] = (),
+    extra_args: Sequence[Sequence[str]] = (),
+) -> list[Engine]:
     """``n`` real vLLM CPU engines started in parallel, engine ``i``'s OpenMP thread bound to
     core ``i mod cores`` (two engines each spinning threads on every core fight otherwise),
-    with ``pin`` its whole process group too (``taskset``)."""
+    with ``pin`` its whole process group too (``taskset``). ``roles``: engine ``i``'s (id,
+    gateway role), default (``e{i}``, both); ``extra_args``: engine ``i``'s extra flags."""
     cores = os.cpu_count() or 1
     engines: list[Engine] = []
     try:
         for i in range(n):
             port, kv, rp = free_ports(3)
             core = i % cores
-            args = ["--enable-prompt-tokens-details"]
+            args = ["--enable-prompt-tokens-details", *(extra_args[i] if extra_args else ())]
             args += ["--max-num-batched-tokens", str(flags.max_num_batched_tokens)]
             args += ["--max-num-seqs", str(flags.max_num_seqs)]
             if flags.enforce_eager:
@@ -188,7 +205,8 @@ def start_vllm(n: int, flags: EngineFlags, work: Path, pin: bool) -> list[Engine
             if pin:
                 subprocess.run(["taskset", "-a", "-p", "-c", str(core), str(v.proc.pid)],
                                check=False, capture_output=True)  # fmt: skip
-            engines.append(Engine(f"e{i}", v.base_url, kv, rp, v.proc, log, vllm=v))
+            engine_id, role = roles[i] if roles else (f"e{i}", "both")
+            engines.append(Engine(engine_id, v.base_url, kv, rp, v.proc, log, vllm=v, role=role))
         for e in engines:
             assert e.vllm is not None
             e.info["healthy_after_s"] = round(e.vllm.wait_healthy(), 1)
@@ -202,6 +220,36 @@ def start_vllm(n: int, flags: EngineFlags, work: Path, pin: bool) -> list[Engine
             e.stop()
         raise
     return engines
+
+
+def pd_connector_args(shared: Path) -> list[list[str]]:
+    """vLLM's ``ExampleConnector`` flags for a prefill (``kv_producer``) and a decode
+    (``kv_consumer``) engine handing KV over through the folder ``shared``
+    (tests/gateway/test_gateway_vllm_pd.py)."""
+
+    def one(role: str) -> list[str]:
+        cfg = {
+            "kv_connector": "ExampleConnector",
+            "kv_role": role,
+            "kv_connector_extra_config": {"shared_storage_path": str(shared)},
+        }
+        return ["--kv-transfer-config", json.dumps(cfg)]
+
+    return [one("kv_producer"), one("kv_consumer")]
+
+
+def clear_folder(path: Path) -> int:
+    """Remove everything under ``path`` (the connector's KV files); how many entries."""
+    import shutil
+
+    n = 0
+    for entry in path.iterdir():
+        n += 1
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    return n
 
 
 def _group_pids(pgid: int) -> list[int]:
@@ -312,7 +360,9 @@ def replay(
     cpu = {e.engine_id: round(group_cpu_s(e.proc.pid) - cpu0[e.engine_id], 2) for e in engines}
     hits = sum(after[k][PREFIX_METRICS[0]] - before[k][PREFIX_METRICS[0]] for k in after)
     queries = sum(after[k][PREFIX_METRICS[1]] - before[k][PREFIX_METRICS[1]] for k in after)
+    delta = {k: {m: after[k][m] - before[k][m] for m in after[k]} for k in after}
     return {
+        "engine_counters": delta,
         "summary": json.loads(out.read_text()),
         "rows": json.loads(rows_path.read_text()),
         "engine_hits": hits,
@@ -363,4 +413,75 @@ def other_load() -> list[str]:
         parts = line.split(None, 2)
         if len(parts) == 3 and int(parts[1]) != mine and float(parts[0]) >= 5:
             out.append(f"{parts[0]}% {parts[2][:90]}")
+    return out
+
+
+def _timed(
+    client: httpx.Client, url: str, prompt: list[int], max_tokens: int, stream: bool
+) -> float:
+    """Seconds from sending a completion of ``prompt`` to its first token (``stream``) or to
+    its whole answer; the answer is read to its end either way."""
+    body: dict[str, Any] = {"model": SERVED_MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens}
+    body.update({"ignore_eos": True, "temperature": 0.0, "stream": stream})
+    t0 = time.perf_counter()
+    first: float | None = None
+    with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{url}: {r.status_code} {r.read()[:300]!r}")
+        for line in r.iter_lines():
+            if first is None and line.startswith("data: {") and json.loads(line[6:]).get("choices"):
+                first = time.perf_counter()
+    end = time.perf_counter()
+    if stream and first is None:
+        raise RuntimeError(f"{url}: no token streamed")
+    return (first if stream and first is not None else end) - t0
+
+
+def handoff_probe(
+    prefill: Engine,
+    decode: Engine,
+    gateway_url: str,
+    lengths: Sequence[int],
+    samples: int,
+    seed: int,
+    vocab: int = 1024,
+) -> list[dict[str, float]]:
+    """The P/D hand-off at low load, one request at a time, each with a prompt of random
+    token ids seen by no engine before. Per length and sample:
+
+    * ``prefill_s``: the prefill leg as the gateway sends it, straight to the prefill engine
+      (``max_tokens`` 1, not streamed; its connector writes the prompt's KV files);
+    * ``decode_leg_ttft_s``: the same prompt straight to the decode engine, streamed (its
+      connector loads those files, then the engine computes the last partial block and the
+      first token): the hand-off's read side;
+    * ``pd_ttft_s``: a fresh prompt of the same length through the gateway (prefill leg,
+      then the decode leg, streamed); ``handoff_s = pd_ttft_s - prefill_s``.
+
+    One unmeasured round of the three first (vLLM's CPU kernels meet each shape once)."""
+    import random
+
+    rng = random.Random(seed)
+
+    def fresh(n: int) -> list[int]:
+        return [rng.randrange(100, vocab) for _ in range(n)]
+
+    out: list[dict[str, float]] = []
+    with httpx.Client(timeout=120) as c:
+        for k in range(samples + 1):
+            for n in lengths:
+                p = fresh(n)
+                t_pre = _timed(c, prefill.url, p, 1, stream=False)
+                t_dec = _timed(c, decode.url, p, 2, stream=True)
+                t_pd = _timed(c, gateway_url, fresh(n), 2, stream=True)
+                if k == 0:
+                    continue
+                out.append(
+                    {
+                        "prompt_tokens": n,
+                        "prefill_s": round(t_pre, 6),
+                        "decode_leg_ttft_s": round(t_dec, 6),
+                        "pd_ttft_s": round(t_pd, 6),
+                        "handoff_s": round(t_pd - t_pre, 6),
+                    }
+                )
     return out

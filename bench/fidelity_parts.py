@@ -10,7 +10,14 @@ share and what compares them:
   what the replay sends (``--token-scale 1 --trace-block-size B --block-size B``) and what the
   simulator reads with the same block size: both see the same token counts and shared blocks.
 * :class:`EngineShape` and :func:`sim_config`: the simulated cluster matching the real one
-  (``n`` engines of role ``both``, vLLM's scheduler knobs, the KV room, the block size).
+  (``n`` engines of role ``both``, or ``n_prefill`` + ``n_decode`` for the P/D scenario;
+  vLLM's scheduler knobs, the KV room, the block size).
+* :func:`pd_intervals`: a P/D request's time on its prefill engine (sent to first token)
+  and on its decode engine (first token to done), for :func:`busy_fraction`.
+* :func:`fit_handoff`, :func:`with_transfer` and :func:`with_handoff`: the measured P/D
+  hand-off (TTFT through the gateway minus the prefill engine's own time) as a line in the
+  prompt length, the cost model's KV transfer set from it, and simulated rows with it added
+  to their TTFT.
 * :func:`busy_fraction`: utilisation as the share of the trace's span an engine had at least
   one request in flight, computed the same way from replay rows and simulated records.
 * :func:`compare`: per-request and aggregate TTFT/TBT errors of one run against another.
@@ -71,9 +78,10 @@ def scale_records(records: Iterable[TraceRecord], s: Scaling) -> list[TraceRecor
 
 @dataclass(frozen=True, slots=True)
 class EngineShape:
-    """The real engines, as the simulator needs them: how many (role ``both``), vLLM's
-    ``--max-num-batched-tokens``, ``--max-num-seqs``, ``--block-size`` and KV room (tokens;
-    ``num_gpu_blocks * block_size``), and the chunk cap (vLLM's
+    """The real engines, as the simulator needs them: how many of role ``both`` (``n``),
+    of role ``prefill`` and ``decode`` (``n_prefill``, ``n_decode``: the P/D scenario),
+    vLLM's ``--max-num-batched-tokens``, ``--max-num-seqs``, ``--block-size`` and KV room
+    (tokens; ``num_gpu_blocks * block_size``), and the chunk cap (vLLM's
     ``long_prefill_token_threshold``, 0 when partial prefills are off, its default)."""
 
     n: int
@@ -82,6 +90,8 @@ class EngineShape:
     block_tokens: int
     kv_capacity_tokens: int
     long_prefill_token_threshold: int = 0
+    n_prefill: int = 0
+    n_decode: int = 0
 
 
 def sim_config(
@@ -94,7 +104,7 @@ def sim_config(
     tbt_slo_s: float,
     seed: int = 0,
 ) -> SimConfig:
-    """``conductor simulate --both n --prefill 0 --decode 0 --cost-file F
+    """``conductor simulate --both n --prefill P --decode D --cost-file F
     --max-num-batched-tokens .. --max-num-seqs .. --kv-block-tokens B --long-prefill-tokens ..
     --cache-tokens KV --admission A --no-cpp --max-tokens trace`` with the scheduler's block
     (and the trace's) ``B`` tokens, as the gateway's is (``serve --block-size B``). The
@@ -116,8 +126,8 @@ def sim_config(
     )
     return SimConfig(
         policy=policy,
-        n_prefill=0,
-        n_decode=0,
+        n_prefill=shape.n_prefill,
+        n_decode=shape.n_decode,
         n_both=shape.n,
         engine=engine,
         cost=cost,
@@ -254,6 +264,77 @@ def row_intervals(rows: Iterable[Row], key: str = "decode") -> list[Interval]:
         engine, a, b = r.get(key), _num(r, "sent_s"), _num(r, "done_s")
         if isinstance(engine, str) and a is not None and b is not None:
             out.append((engine, a, b))
+    return out
+
+
+def pd_intervals(rows: Iterable[Row]) -> list[Interval]:
+    """Each finished P/D row as two intervals: (its prefill engine, sent, first token) and
+    (its decode engine, first token, done). The first token is ``arrival_s + ttft_s`` (the
+    TTFT is counted from the due time, as :func:`compare` reads it)."""
+    out: list[Interval] = []
+    for r in rows:
+        pre, dec = r.get("prefill"), r.get("decode")
+        sent, done, ttft = _num(r, "sent_s"), _num(r, "done_s"), _num(r, "ttft_s")
+        due = _num(r, "arrival_s")
+        if sent is None or done is None or ttft is None or due is None:
+            continue
+        first = due + ttft
+        if isinstance(pre, str):
+            out.append((pre, sent, first))
+        if isinstance(dec, str):
+            out.append((dec, first, done))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffFit:
+    """The P/D hand-off as ``latency_s + s_per_token * prompt_tokens`` (least squares over
+    ``n`` measured samples), with the fit's largest absolute residual."""
+
+    latency_s: float
+    s_per_token: float
+    n: int
+    max_residual_s: float
+
+    def at(self, prompt_tokens: int) -> float:
+        return self.latency_s + self.s_per_token * prompt_tokens
+
+
+def fit_handoff(samples: Sequence[tuple[int, float]]) -> HandoffFit:
+    """The line through (prompt tokens, hand-off seconds) samples; at least two distinct
+    lengths."""
+    if len({n for n, _ in samples}) < 2:
+        raise ValueError("a hand-off fit needs samples at two prompt lengths at least")
+    x = np.asarray([n for n, _ in samples], dtype=float)
+    y = np.asarray([s for _, s in samples], dtype=float)
+    slope, intercept = np.polyfit(x, y, 1)
+    resid = y - (intercept + slope * x)
+    return HandoffFit(float(intercept), float(slope), len(samples), float(np.abs(resid).max()))
+
+
+def with_transfer(cost: CostModel, fit: HandoffFit) -> CostModel | None:
+    """``cost`` with its KV transfer (``latency_s + tokens * kv_bytes_per_token /
+    bytes_per_s``) set from ``fit``: latency the fit's intercept, bandwidth the KV bytes of a
+    token over the fit's seconds per token. None when the fit cannot be read that way (a
+    slope or an intercept below zero)."""
+    if fit.s_per_token <= 0 or fit.latency_s < 0:
+        return None
+    return cost.with_(
+        transfer_latency_s=fit.latency_s,
+        transfer_bytes_per_s=cost.kv_bytes_per_token / fit.s_per_token,
+    )
+
+
+def with_handoff(rows: Iterable[Row], fit: HandoffFit) -> list[dict[str, object]]:
+    """Simulated rows with ``fit``'s hand-off added to each TTFT (the simulator's TTFT ends
+    with the prefill; a P/D client's first token comes from the decode engine after it)."""
+    out: list[dict[str, object]] = []
+    for r in rows:
+        row = dict(r)
+        ttft, prompt = _num(r, "ttft_s"), _num(r, "prompt_tokens")
+        if ttft is not None and prompt is not None:
+            row["ttft_s"] = ttft + fit.at(int(prompt))
+        out.append(row)
     return out
 
 

@@ -14,14 +14,19 @@ sys.path.insert(0, str(REPO_ROOT / "bench"))
 
 from fidelity_parts import (
     EngineShape,
+    HandoffFit,
     Scaling,
     busy_fraction,
     compare,
+    fit_handoff,
     ordering,
+    pd_intervals,
     row_intervals,
     scale_records,
     sim_config,
     sim_rows,
+    with_handoff,
+    with_transfer,
 )
 
 from conductor.sim.simulator import simulate
@@ -90,3 +95,56 @@ def test_the_simulated_slice_uses_the_engines_shape() -> None:
     assert [r["cached_tokens"] for r in rows] == [0, 0]
     assert rows[0]["ttft_s"] == pytest.approx(cost.prefill_s(64, 0), rel=1e-9)
     assert [e for e, _, _ in row_intervals(rows)] == ["both-0", "both-1"]
+
+
+def test_the_pd_slice_is_one_prefill_and_one_decode_engine_and_hands_kv_over() -> None:
+    cost = parse_cost_file(COMMITTED.read_text()).cost.with_(
+        transfer_latency_s=0.5, transfer_bytes_per_s=1e12
+    )
+    shape = EngineShape(0, 1024, 8, 32, 65536, n_prefill=1, n_decode=1)
+    cfg = sim_config("conductor", cost, shape, admission="off", ttft_slo_s=30, tbt_slo_s=1)
+    assert (cfg.n_both, cfg.n_prefill, cfg.n_decode) == (0, 1, 1)
+    records = [TraceRecord(0, 64, 4, (1, 2)), TraceRecord(5000, 64, 4, (1, 3))]
+    mt = MaxTokens.parse("trace")
+    reqs = records_to_requests(records, block_size_tokens=32, max_tokens=mt)
+    res = simulate(reqs, cfg, outputs=generated_tokens(records, mt))
+    rows = sim_rows(res.records)
+    assert [(r["prefill"], r["decode"]) for r in rows] == [("prefill-0", "decode-0")] * 2
+    assert [r["cached_tokens"] for r in rows] == [0, 32]  # the shared block, on prefill-0
+    # the TTFT ends with the prefill; the 0.5 s transfer delays the decode, not the TTFT
+    assert rows[0]["ttft_s"] == pytest.approx(cost.prefill_s(64, 0), rel=1e-9)
+    rec = res.records[0]
+    assert rec.decode_join_s is not None and rec.prefill_end_s is not None
+    assert rec.decode_join_s == pytest.approx(rec.prefill_start_s + cost.transfer_s(64))
+
+
+def test_pd_intervals_split_a_request_at_its_first_token() -> None:
+    rows = [
+        {"prefill": "p0", "decode": "d0", "arrival_s": 1.0, "sent_s": 1.5, "ttft_s": 2.0,
+         "done_s": 6.0},
+        {"prefill": "p0", "decode": "d0", "arrival_s": 2.0, "sent_s": 2.0, "ttft_s": None,
+         "done_s": None},
+    ]  # fmt: skip
+    assert pd_intervals(rows) == [("p0", 1.5, 3.0), ("d0", 3.0, 6.0)]
+    assert busy_fraction(pd_intervals(rows), (0.0, 10.0)) == {"d0": 0.3, "p0": 0.15}
+
+
+def test_the_handoff_fit_sets_the_transfer_and_adds_to_simulated_ttft() -> None:
+    fit = fit_handoff([(100, 0.03), (100, 0.05), (1100, 0.14), (1100, 0.14)])
+    assert fit.latency_s == pytest.approx(0.03, abs=1e-12)
+    assert fit.s_per_token == pytest.approx(1e-4, rel=1e-9)
+    assert (fit.n, round(fit.max_residual_s, 9)) == (4, 0.01)
+    cost = parse_cost_file(COMMITTED.read_text()).cost
+    moved = with_transfer(cost, fit)
+    assert moved is not None
+    assert moved.transfer_latency_s == pytest.approx(0.03)
+    assert moved.transfer_bytes_per_s == pytest.approx(cost.kv_bytes_per_token * 1e4)
+    assert moved.transfer_s(1100) == pytest.approx(fit.at(1100), rel=1e-9)
+    assert with_transfer(cost, HandoffFit(0.01, -1e-5, 3, 0.0)) is None
+    assert with_transfer(cost, HandoffFit(-0.01, 1e-5, 3, 0.0)) is None
+    rows = [{"request_id": "a", "prompt_tokens": 100, "ttft_s": 1.0}, {"request_id": "b"}]
+    out = with_handoff(rows, fit)
+    assert out[0]["ttft_s"] == pytest.approx(1.04) and out[1] == {"request_id": "b"}
+    assert rows[0]["ttft_s"] == 1.0  # the input rows are not changed
+    with pytest.raises(ValueError, match="two prompt lengths"):
+        fit_handoff([(64, 0.1), (64, 0.2)])
