@@ -113,6 +113,22 @@ async def test_a_replica_that_leaves_or_vanishes_is_expired(nats_server: NatsSer
     # leaving the block: each says Bye
 
 
+async def test_each_replica_knows_its_claim_turn_among_the_live_ones(
+    nats_server: NatsServer,
+) -> None:
+    """Ranks by replica id among the live replicas (the turn in which a replica's hold
+    queue claims a freed prefill instance); a replica that goes silent leaves the ranking
+    and the others hear of it through ``on_members``."""
+    async with replicas(nats_server.url, "A", "B", "C") as (a, b, c):
+        assert [s.claim_slot() for s in (a, b, c)] == [(0, 3), (1, 3), (2, 3)]
+        calls: list[tuple[int, int]] = []
+        c.on_members = lambda: calls.append(c.claim_slot())
+        b.transport.publish = _silent  # type: ignore[method-assign]
+        await until(lambda: "B" not in c.peers and "B" not in a.peers, timeout_s=5)
+        assert (a.claim_slot(), c.claim_slot()) == ((0, 2), (1, 2))
+        assert calls == [(1, 2)]
+
+
 async def _silent(data: bytes) -> bool:
     return False
 

@@ -392,6 +392,39 @@ async def test_a_replica_announces_the_plans_its_queue_commits() -> None:
     assert kinds == [("Reserved", "a"), ("PrefillDone", "a"), ("Reserved", "b")]
 
 
+async def test_a_replica_not_first_in_turn_claims_a_freed_engine_one_lag_later() -> None:
+    """Replica 1 of 2 (``set_claim``, as the replica sync ranks it): engine p is replica
+    0's to claim at once, so when a's prefill ends at 100.5 this replica's held b is not
+    placed then but by the timer at 100.51, one claim lag later; as replica 0 of 2 it
+    would have gone at once."""
+    clock = ManualClock()
+    replica = ReplicaScheduler(committed_cost(), policy="conductor", config=SchedulerConfig())
+    hold = bare_hold(replica, clock)
+    hold.set_claim(1, 2, 0.01)
+    assert hold.queue is not None and hold.queue.claim == (1, 2, 0.01)
+    await hold.place(request("a", clock.now_s), clock.now_s)
+    b = asyncio.create_task(hold.place(request("b", clock.now_s), clock.now_s))
+    await settle(lambda: len(hold) == 1)
+    clock.now_s = 100.5
+    replica.on_event(PrefillFinished(RequestId("a"), InstanceId("p"), clock.now_s))
+    hold.release()
+    assert len(hold) == 1  # not yet its turn
+    clock.now_s = 100.51
+    placed = await asyncio.wait_for(b, timeout=30.0)
+    assert isinstance(placed.decision, Plan) and placed.held_s == pytest.approx(0.51)
+    first = ReplicaScheduler(committed_cost(), policy="conductor", config=SchedulerConfig())
+    clock0 = ManualClock()
+    hold0 = bare_hold(first, clock0)
+    hold0.set_claim(0, 2, 0.01)
+    await hold0.place(request("a", 100.0), 100.0)
+    c = asyncio.create_task(hold0.place(request("c", 100.0), 100.0))
+    await settle(lambda: len(hold0) == 1)
+    first.on_event(PrefillFinished(RequestId("a"), InstanceId("p"), 100.5))
+    clock0.now_s = 100.5
+    hold0.release()
+    assert len(hold0) == 0 and isinstance((await c).decision, Plan)
+
+
 def test_a_serve_config_switches_late_binding_off(tmp_path: Path) -> None:
     model = tmp_path / "tiny"
     model.mkdir()

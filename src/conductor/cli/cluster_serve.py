@@ -21,12 +21,16 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conductor.cli.serve_config import ServeSettings
 from conductor.cluster.config import ClusterConfig
 from conductor.core.errors import InvalidInput
+from conductor.core.late_binding_rule import claim_lag_s
 from conductor.core.replication import ReplicaScheduler
+
+if TYPE_CHECKING:
+    from conductor.gateway.hold import Hold
 
 log = logging.getLogger("conductor.serve")
 
@@ -53,6 +57,7 @@ def with_sync(
     conductor: ReplicaScheduler,
     registry: Any,
     clock: Callable[[], float],
+    hold: Hold | None = None,
 ) -> AbstractAsyncContextManager[Any]:
     """The gateway's lifespan with the replica sync running inside it."""
     from conductor.cluster.nats_backend import NatsTransport
@@ -63,6 +68,10 @@ def with_sync(
     )
     sync = ReplicaSync(cluster, conductor, transport, clock)
     registry.register(sync.collector())
+    if hold is not None:  # the hold queue claims freed instances in its turn
+        lag_s = claim_lag_s(cluster.flush_s)
+        sync.on_members = lambda: hold.set_claim(*sync.claim_slot(), lag_s)
+        sync.on_members()
 
     @contextlib.asynccontextmanager
     async def both() -> AsyncIterator[None]:

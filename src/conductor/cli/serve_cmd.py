@@ -93,7 +93,12 @@ def run_server(settings: ServeSettings, reuse_port: bool = False) -> None:
         cluster = settings.cluster
         log.info("conductor serve: replica %s of %s", cluster.replica_id, cluster.url)
         lifespan = cluster_serve.with_sync(
-            lifespan, cluster, conductor, gateway.metrics.registry, gateway.clock
+            lifespan,
+            cluster,
+            conductor,
+            gateway.metrics.registry,
+            gateway.clock,
+            gateway.pools.first.hold,
         )
     sock = cluster_serve.reuse_port_socket(host, port) if reuse_port else None
 

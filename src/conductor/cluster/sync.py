@@ -93,6 +93,19 @@ class ReplicaSync:
         )  # fmt: skip
         self._wake = asyncio.Event()
         self._sends: set[asyncio.Task[object]] = set()
+        self.on_members: Callable[[], None] | None = None
+        """Called when a peer joins or leaves (the gateway's hold queue re-ranks its claim)."""
+
+    def claim_slot(self) -> tuple[int, int]:
+        """This replica's rank among the live ones (itself and its peers, by id) and their
+        number: the turn in which it claims a freed prefill instance
+        (:class:`~conductor.core.late_binding.HoldQueue`'s ``claim``)."""
+        ids = sorted({self.replica_id, *self.peers})
+        return ids.index(self.replica_id), len(ids)
+
+    def _members_changed(self) -> None:
+        if self.on_members is not None:
+            self.on_members()
 
     def _spawn(self, coro: Coroutine[object, object, object]) -> None:
         """Run ``coro`` in the background, holding a reference until it is done."""
@@ -170,7 +183,8 @@ class ReplicaSync:
         return gone
 
     def _expire(self, replica: str, why: str) -> None:
-        self.peers.pop(replica, None)
+        if self.peers.pop(replica, None) is not None:
+            self._members_changed()
         n = self.scheduler.remote.expire(replica, self.clock())
         self.counters["peers_expired"] += 1
         log.warning("cluster: replica %s %s; %d reservation(s) expired", replica, why, n)
@@ -207,6 +221,8 @@ class ReplicaSync:
                     )
                     self.peers[replica] = Peer(seq, now, synced=True)
                     self.counters["snapshots_applied"] += 1
+                    if peer is None:
+                        self._members_changed()
                 return
             case Heartbeat(replica, seq, _):
                 peer = self._seen(replica, None, now)
@@ -228,6 +244,7 @@ class ReplicaSync:
             peer = self.peers[replica] = Peer(0 if seq is None else seq, now)
             log.info("cluster: replica %s joined", replica)
             self._ask(replica, peer, now)
+            self._members_changed()
             return peer
         peer.last_seen_s = now
         if seq is not None:

@@ -16,9 +16,9 @@ switches it off (``policy_params["late_binding"] = 0``): then :meth:`Hold.place`
 ``no_instance`` answer, not a wait).
 
 With a :class:`~conductor.core.replication.ReplicaScheduler` (``--cluster``, ``--workers``)
-each replica holds its own queue (a plan it commits is published by ``decide``); the
-replicas do not stagger their claims on a freed instance yet (``HoldQueue``'s ``claim``
-needs each replica's rank among the live ones).
+each replica holds its own queue (a plan it commits is published by ``decide``) and claims
+a freed prefill instance in its turn among the live replicas (:meth:`Hold.set_claim`, kept
+up to date by the replica sync).
 
 Everything runs on the gateway's one event loop: no lock.
 """
@@ -91,6 +91,14 @@ class Hold:
         if rule is None:
             return None
         return replace(rule, nic_aware=False)
+
+    def set_claim(self, rank: int, replicas: int, lag_s: float) -> None:
+        """This replica is ``rank`` of ``replicas`` live ones whose views lag by up to
+        ``lag_s``: it counts a freed prefill instance free in its turn (``HoldQueue``'s
+        ``claim``), so the replicas do not all send their held heads to it."""
+        if self.queue is not None:
+            self.queue.claim = (rank, replicas, lag_s)
+            self.release()
 
     def engines_changed(self) -> None:
         """An engine joined, left or changed state: capacity may have changed."""
