@@ -28,6 +28,7 @@ from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId, RequestId
 from conductor.gateway.metrics import PoolMetrics
+from conductor.gateway.prefill_times import PrefillTimes
 
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
@@ -93,6 +94,8 @@ class Flight:
         metrics: PoolMetrics,
         scheduled_at_s: float,
         on_change: Callable[[], None] | None = None,
+        prefill_times: PrefillTimes | None = None,
+        dispatched_at_s: float | None = None,
     ) -> None:
         self.conductor = conductor
         self.plan = plan
@@ -111,6 +114,9 @@ class Flight:
         self._timer: asyncio.TimerHandle | None = None
         self._on_change = on_change
         """Called after each event that may free capacity (late binding's release)."""
+        self._times = prefill_times
+        self.dispatched_at_s = scheduled_at_s if dispatched_at_s is None else dispatched_at_s
+        """When the request left for its prefill engine (after any wait in the hold queue)."""
 
     @property
     def request_id(self) -> RequestId:
@@ -128,21 +134,34 @@ class Flight:
         self.decode = instance
         self._decode_state = self.conductor.instances.get(instance)
 
-    def prefill_finished(self) -> None:
-        """The prefill ended now (prefill leg answered, or first token seen)."""
+    def prefill_finished(self, at_s: float | None = None) -> None:
+        """The prefill ended at ``at_s`` (default now), observed: prefill leg answered, or
+        first token seen. Its duration (:mod:`conductor.gateway.prefill_times`) goes with
+        the event, for the scheduler's online correction."""
         if self.prefill_done or self.closed:
             return
-        self._end_prefill()
+        self._end_prefill(observed_at_s=self.clock() if at_s is None else at_s)
 
-    def _end_prefill(self) -> None:
+    def _assumed_prefill_end(self) -> None:
+        if not (self.prefill_done or self.closed):
+            self._end_prefill()
+
+    def _end_prefill(self, observed_at_s: float | None = None) -> None:
         if self.prefill_done:
             return
         self.prefill_done = True
         self._cancel_timer()
         if self._same(self.plan.prefill, self._prefill_state):
-            self.conductor.on_event(
-                PrefillFinished(self.request_id, self.plan.prefill, self.clock())
-            )
+            now = self.clock()
+            event = PrefillFinished(self.request_id, self.plan.prefill, now)
+            if observed_at_s is not None and self._times is not None and self.plan.cpp is None:
+                took = self._times.duration_s(
+                    self.plan.prefill, self.dispatched_at_s, observed_at_s
+                )
+                event = PrefillFinished(
+                    self.request_id, self.plan.prefill, now, took, self.plan.cached_tokens
+                )
+            self.conductor.on_event(event)
             if self._on_change is not None:
                 self._on_change()
 
@@ -156,7 +175,7 @@ class Flight:
         self.metrics.child(self.metrics.observed_ttft, self.plan.policy, self.mode.value).observe(
             seen_s - self.scheduled_at_s
         )
-        self.prefill_finished()
+        self.prefill_finished(seen_s)
 
     def assume_prefill_end(self, loop: asyncio.AbstractEventLoop) -> None:
         """When the prefill's end cannot be observed (a non-streamed aggregated answer
@@ -164,7 +183,7 @@ class Flight:
         prefill queue for the whole generation."""
         if not self.prefill_done and self._timer is None:
             self._timer = loop.call_later(
-                max(self.plan.predicted_ttft_s, 0.0), self.prefill_finished
+                max(self.plan.predicted_ttft_s, 0.0), self._assumed_prefill_end
             )
 
     def _cancel_timer(self) -> None:

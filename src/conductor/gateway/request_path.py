@@ -44,6 +44,7 @@ from conductor.gateway.openai_api import (
     Kind,
     ParsedRequest,
 )
+from conductor.gateway.prefill_times import PrefillTimes
 from conductor.gateway.proxy import (
     NotStarted,
     first_chunk,
@@ -93,6 +94,7 @@ class RequestPath:
         self.upstream: Upstream | None = None
         self._rid_prefix = secrets.token_hex(4)
         self._rid_counter = itertools.count(1)
+        self.prefill_times = PrefillTimes()
 
     @property
     def client(self) -> Upstream:
@@ -177,6 +179,8 @@ class RequestPath:
                 metrics=self.metrics,
                 scheduled_at_s=now,
                 on_change=self.hold.release,
+                prefill_times=self.prefill_times,
+                dispatched_at_s=self.clock(),
             )
             try:
                 return await self._execute(req, flight, deadline)
