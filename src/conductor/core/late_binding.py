@@ -129,29 +129,19 @@ class HoldQueue:
         if not prefill_pool:
             return None
         offsets = self._claim_offsets(prefill_pool)
-        if offsets is not None:
-            return self._claimed_free_at_s(prefill_pool, offsets)
+        nic = self.scheduler.nic if self.rule.nic_aware else None
         best = math.inf
-        if self.rule.nic_aware:
-            nic = self.scheduler.nic
-            booked = nic.out_free_s.get
-            planned = nic.planned_out_s.get
-            for inst in prefill_pool:
-                t = inst.prefill.busy_until_s
-                iid = inst.spec.instance_id
-                e = booked(iid, 0.0)
+        for inst in prefill_pool:
+            t = inst.prefill.busy_until_s
+            iid = inst.spec.instance_id
+            if nic is not None:
+                e = nic.egress_free_s(iid)
                 if e > t:
                     t = e
-                e = planned(iid, 0.0)
-                if e > t:
-                    t = e
-                if t < best:
-                    best = t
-        else:
-            for inst in prefill_pool:
-                t = inst.prefill.busy_until_s
-                if t < best:
-                    best = t
+            if offsets is not None:
+                t += offsets[iid]
+            if t < best:
+                best = t
         return best
 
     def _claim_offsets(self, pool: list[InstanceState]) -> dict[InstanceId, float] | None:
@@ -171,21 +161,6 @@ class HoldQueue:
         offsets = {iid: ((k - i) % n) * lag_s for i, iid in enumerate(ids)}
         self._offsets = (pool, self.claim, offsets)
         return offsets
-
-    def _claimed_free_at_s(
-        self, pool: list[InstanceState], offsets: dict[InstanceId, float]
-    ) -> float:
-        nic = self.scheduler.nic
-        best = math.inf
-        for inst in pool:
-            iid = inst.spec.instance_id
-            t = inst.prefill.busy_until_s
-            if self.rule.nic_aware:
-                t = max(t, nic.out_free_s.get(iid, 0.0), nic.planned_out_s.get(iid, 0.0))
-            t += offsets[iid]
-            if t < best:
-                best = t
-        return best
 
     def min_backlog_s(self, now_s: float) -> float | None:
         free = self.free_at_s()
