@@ -26,8 +26,6 @@ def test_a_prefill_counts_from_its_dispatch_or_the_engines_previous_end() -> Non
     assert t.duration_s(E, 1.0, 1.2) == pytest.approx(0.2)  # the engine was idle since 0.25
     assert t.duration_s(E, 0.5, 1.1) == 0.0  # ended before the engine's last end: no time
     assert t.duration_s(InstanceId("other"), 0.5, 0.6) == pytest.approx(0.1)
-    t.forget(E)
-    assert t.duration_s(E, 0.5, 1.1) == pytest.approx(0.6)
 
 
 def _flight(clock: ManualClock, times: PrefillTimes) -> tuple[Scheduler, Flight]:

@@ -152,16 +152,15 @@ class Flight:
         self.prefill_done = True
         self._cancel_timer()
         if self._same(self.plan.prefill, self._prefill_state):
-            now = self.clock()
-            event = PrefillFinished(self.request_id, self.plan.prefill, now)
+            prefill = self.plan.prefill
+            took: float | None = None
+            cached: int | None = None
             if observed_at_s is not None and self._times is not None and self.plan.cpp is None:
-                took = self._times.duration_s(
-                    self.plan.prefill, self.dispatched_at_s, observed_at_s
-                )
-                event = PrefillFinished(
-                    self.request_id, self.plan.prefill, now, took, self.plan.cached_tokens
-                )
-            self.conductor.on_event(event)
+                took = self._times.duration_s(prefill, self.dispatched_at_s, observed_at_s)
+                cached = self.plan.cached_tokens
+            self.conductor.on_event(
+                PrefillFinished(self.request_id, prefill, self.clock(), took, cached)
+            )
             if self._on_change is not None:
                 self._on_change()
 

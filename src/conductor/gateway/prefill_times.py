@@ -31,6 +31,3 @@ class PrefillTimes:
         if last is None or end_s > last:
             self._last_end_s[engine] = end_s
         return end_s - start if end_s > start else 0.0
-
-    def forget(self, engine: InstanceId) -> None:
-        self._last_end_s.pop(engine, None)
