@@ -62,6 +62,11 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=10)
     ap.add_argument("--json", dest="json_path", type=Path)
     args = ap.parse_args()
+    if not args.slowdown > 0:
+        ap.error(f"--slowdown must be > 0, got {args.slowdown}")
+    for name in ("requests", "window"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     log_dir = Path(tempfile.mkdtemp(prefix="gw-correction-"))
     model_path = make_tokenizer_dir(log_dir / "tokenizer")
     emu = ["--speedup", str(1.0 / args.slowdown), "--block-size", str(BLOCK_SIZE)]

@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--no-stagger", action="store_true", help="replicas break ties alike")
     ap.add_argument("--json", dest="json_path", type=Path)
     args = ap.parse_args()
+    if args.burst_ms < 0:
+        ap.error(f"--burst-ms must be >= 0, got {args.burst_ms}")
     records = read_trace(args.trace or bundled_trace_path(), limit=args.limit).records
     if args.burst_ms > 0:
         g = args.burst_ms
