@@ -445,6 +445,14 @@ def main() -> int:
     p.add_argument("--plot", type=Path, default=None, help="default: docs/figures/...png")
     p.add_argument("--doc", type=Path, default=REPO / "docs/fidelity.md")
     args = p.parse_args()
+    try:
+        lengths = [int(x) for x in args.handoff_lengths.split(",") if x]
+    except ValueError:
+        p.error(f"--handoff-lengths must be comma-separated integers, got {args.handoff_lengths!r}")
+    if not lengths or min(lengths) < 1:
+        p.error(f"--handoff-lengths must name positive token counts, got {args.handoff_lengths!r}")
+    if args.handoff_samples < 1:
+        p.error(f"--handoff-samples must be >= 1, got {args.handoff_samples}")
     args.plot_given = args.plot is not None
     if args.plot is None:
         args.plot = REPO / "docs/figures/fidelity_ttft.png"
