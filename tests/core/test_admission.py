@@ -84,18 +84,38 @@ def test_early_counts_running_requests_reserve_counts_assigned_ones() -> None:
     assert r.predicted_tbt_s == pytest.approx(0.040 * 1.5)
 
 
-def test_predictive_accepts_when_the_running_requests_finish_before_it_decodes() -> None:
+def test_predictive_counts_the_new_request_from_its_admission() -> None:
     """a and b decode on d0 now and are predicted done (10 tokens x 52.5 ms) before the new
-    request's prefill ends behind a 2 s queue; reserve counts them, the forecast does not."""
+    request's prefill ends behind a 2 s queue. Its decode instance is booked from now, when
+    a and b still run: three at once, rejected, as early rejects it (a forecast from its
+    decode start on, the rule before, admitted it)."""
+    pred = make_conductor(1, 1, cost=COST, admission="predictive", tbt_slo_s=SLO, **TEN)
+    early = make_conductor(1, 1, cost=COST, admission="early", tbt_slo_s=SLO, **TEN)
+    for c in (pred, early):
+        _at(c, "a", 0.0, 0.01)
+        _at(c, "b", 0.0, 0.02)
+        c.instances[iid("p0")].prefill.assign(RequestId("long"), 2.0, 0, 0.0)
+    assert isinstance(early.schedule(req("c", (), 10), 0.05), Rejection)
+    r = pred.schedule(req("c", (), 10), 0.05)
+    assert isinstance(r, Rejection) and r.code == "tbt_slo"
+    assert r.predicted_tbt_s == pytest.approx(0.040 * 1.5)
+    assert r.reason.startswith("forecast to t+")
+
+
+def test_predictive_accepts_when_a_member_leaves_before_the_next_joins() -> None:
+    """a decodes on d0 now, predicted done at 0.535 s; b is assigned to d0 but its prefill
+    waits behind a 1 s one. Reserve counts all three; the forecast sees at most two at once
+    (a and the new request, then b and the new request) and admits."""
     pred = make_conductor(1, 1, cost=COST, admission="predictive", tbt_slo_s=SLO, **TEN)
     reserve = make_conductor(1, 1, cost=COST, admission="reserve", tbt_slo_s=SLO, **TEN)
     for c in (pred, reserve):
         _at(c, "a", 0.0, 0.01)
-        _at(c, "b", 0.0, 0.02)
-        c.instances[iid("p0")].prefill.assign(RequestId("long"), 2.0, 0, 0.0)
+        c.instances[iid("p0")].prefill.assign(RequestId("long"), 1.0, 0, 0.01)
+        _at(c, "b", 0.02)
     assert isinstance(reserve.schedule(req("c", (), 10), 0.05), Rejection)
     plan = pred.schedule(req("c", (), 10), 0.05)
-    assert isinstance(plan, Plan) and plan.predicted_ttft_s == pytest.approx(1.97 + 0.01)
+    assert isinstance(plan, Plan) and plan.decode == iid("d0")
+    assert pred.instances[iid("d0")].decode.batch_size == 3
 
 
 def test_predictive_rejects_when_the_window_will_be_full() -> None:
@@ -110,19 +130,20 @@ def test_predictive_rejects_when_the_window_will_be_full() -> None:
 
 
 def test_predictive_commits_to_the_instance_it_checked() -> None:
-    """d0 runs two requests predicted done long before the new one decodes, d1 none. The
-    decode policy alone (assigned load now) would take d1; the forecast sees both free in
-    the window and takes the first, d0 -- and the plan commits to d0."""
+    """d0 holds two requests whose prefills end at 5 s, long after the new one is done; d1
+    runs one now. The decode policy alone (assigned load) would take d1; the forecast sees
+    d0 empty over the new request's life and takes it -- and the plan commits to d0."""
     c = make_conductor(1, 2, cost=COST, admission="predictive", tbt_slo_s=SLO, **TEN)
-    assert _at(c, "a1", 0.0, 0.01).decode == iid("d0")
-    assert _at(c, "a2", 0.01, 0.02).decode == iid("d1")  # a1 busy on d0 in a2's window
-    assert _at(c, "a3", 0.02, 0.03).decode == iid("d0")  # one each: the first
-    c.on_event(RequestFinished(RequestId("a2"), iid("d1"), 0.04, 10))
-    c.instances[iid("p0")].prefill.assign(RequestId("long"), 2.0, 0, 0.04)
+    ten = OutputEstimate(10.0, 10.0, 1000)
+    for name, inst, start, running in (("x1", "d0", 5.0, False), ("x2", "d0", 5.0, False),
+                                       ("y", "d1", 0.01, True)):  # fmt: skip
+        c.instances[iid(inst)].decode.admit(RequestId(name), 10, 10, started=running)
+        c.forecast.add(RequestId(name), iid(inst), start, 10, ten, started=running)
     ctx = c.context(req("c", (), 10), 0.05)
     assert ctx is not None
     plain = c.decode_policy.choose_decode(ctx, ctx.local_choice(c.instances[iid("p0")]))
     assert plain.instance == iid("d1")
     plan = c.schedule(req("c", (), 10), 0.05)
     assert isinstance(plan, Plan) and plan.decode == iid("d0")
+    assert plan.predicted_tbt_s == pytest.approx(0.020 * 1.5)
     assert c.instances[iid("d0")].decode.batch_size == 3

@@ -74,26 +74,20 @@ def test_early_counting_only_running_requests_overloads_decode(
     assert small["early"]["slo_attainment"] < small["reserve"]["slo_attainment"]  # type: ignore[operator]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11's target, not met on the bundled trace: predictive rejects 2084 vs "
-    "early's 1748 (attainment 0.723 vs 0.510); early admits into decode overload "
-    "(see docs/policies.md, Admission)",
-)
 def test_predictive_rejects_fewer_than_early_and_keeps_its_slo(issue_11: Summaries) -> None:
+    """Issue 11's target at 8P+3D, 2x: predictive rejects fewer than early (1700 vs 1748)
+    with its SLO attainment within 2 points or better (0.738 vs 0.510)."""
     early, pred = issue_11["early"], issue_11["predictive"]
     assert pred["rejected"] < early["rejected"]  # type: ignore[operator]
     assert pred["slo_attainment"] >= early["slo_attainment"] - 0.02  # type: ignore[operator]
 
 
 def test_predictive_keeps_more_requests_within_slo_than_early(issue_11: Summaries) -> None:
-    """What holds on the bundled trace at 8P+3D, 2x: predictive's forecast of the decode
-    window keeps 10+ points more of all requests within both SLOs than early's current
-    load, at most 30% more rejections."""
+    """On the bundled trace at 8P+3D, 2x, predictive's forecast keeps 10+ points more of all
+    requests within both SLOs than early's current load, and more goodput."""
     early, pred = issue_11["early"], issue_11["predictive"]
     assert pred["slo_attainment"] >= early["slo_attainment"] + 0.10  # type: ignore[operator]
     assert pred["goodput_rps"] > early["goodput_rps"]  # type: ignore[operator]
-    assert pred["rejected"] <= 1.3 * early["rejected"]  # type: ignore[operator]
 
 
 @pytest.mark.parametrize(("kind", "speed"), [("chat", 2.0), ("mixed", 1.5)])

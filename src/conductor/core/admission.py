@@ -12,13 +12,17 @@ quantile, from the output-length predictor; TBT = step time x :func:`tbt_factor`
   instance (also those still in prefill, whose KV is reserved at arrival): the decode
   policy's own ``fits``;
 * ``predictive`` — Early Rejection based on Prediction (§7.4): the load each decode instance
-  is forecast to have over the request's whole decode window ``[t*, t* + E[out] * token_s]``,
-  ``t* = now + TTFT`` (:class:`~conductor.core.forecast.DecodeForecast`: requests joining
-  when their prefill ends, leaving when their predicted output is done, running ones never
-  dropped). The instance with the lowest peak TBT among those with KV room at their peak is
-  chosen — the request is committed to that same instance — and the request is rejected if
-  that peak misses the TBT SLO or if the pool's mean load at ``t*`` (the paper's "average
-  TBT ratio of all decoding instances", current overload included) exceeds 1.
+  is forecast to have over the request's whole life there, from its admission ``now`` to
+  the end of its decode ``t* + E[out] * token_s``, ``t* = now + TTFT``
+  (:class:`~conductor.core.forecast.DecodeForecast`: requests joining when their prefill
+  ends, leaving when their predicted output is done, running ones never dropped). The new
+  request is counted from ``now``, not from ``t*``: its decode instance is booked at
+  admission, and a forecast that an instance which is full now will have drained by ``t*``
+  rests on predicted departures, so the current load (early's check) is part of the window
+  (the current overload the issue found ignored). The instance with the lowest peak TBT
+  among those with KV room at their peak is chosen — the request is committed to that same
+  instance — and the request is rejected if that peak misses the TBT SLO or if the pool's
+  mean load now (the paper's "average TBT ratio of all decoding instances") exceeds 1.
 
 ``baseline`` checks decode only when prefill ends (``Scheduler.confirm_decode``).
 """
@@ -108,14 +112,16 @@ def check_predictive(
     forecast: DecodeForecast,
     lengths: OutputLengthModel,
 ) -> Rejection | DecodeChoice:
-    """The forecast over the decode window; returns the decode instance to commit to."""
+    """The forecast from now to the end of the request's decode; returns the decode instance
+    to commit to."""
     req = ctx.request
     out = ctx.output
     slo = _tbt_slo(ctx)
-    t0 = ctx.now_s + pre.ttft_s
-    t1 = t0 + out.mean * forecast.token_s
+    now = ctx.now_s
+    t1 = now + pre.ttft_s + out.mean * forecast.token_s
     own = req.prompt_tokens + out.mean / 2  # its mean context while it decodes
-    loads = forecast.window(ctx.now_s, t0, t1, ctx.decode_pool, own, ctx.cost, lengths)
+    # counted from its admission on: its decode instance is booked now (see the docstring)
+    loads = forecast.window(now, now, t1, ctx.decode_pool, own, ctx.cost, lengths)
     factor = tbt_factor(out.mean)
     best = None
     for inst, load in zip(ctx.decode_pool, loads, strict=True):
@@ -127,10 +133,8 @@ def check_predictive(
         return _kv_rejection(ctx, pre, min(w.peak_step_s for w in loads) * factor)
     tbt = best.peak_step_s * factor
     if tbt > slo:
-        return _tbt_rejection(ctx, pre, tbt, f"forecast over t+{pre.ttft_s:.1f}s..: ")
+        return _tbt_rejection(ctx, pre, tbt, f"forecast to t+{t1 - now:.1f}s: ")
     mean_load = sum(w.step_at_t0_s for w in loads) / len(loads) / slo
     if mean_load > 1.0:
-        return _tbt_rejection(
-            ctx, pre, tbt, f"forecast pool load {mean_load:.2f} at t+{pre.ttft_s:.1f}s; "
-        )
+        return _tbt_rejection(ctx, pre, tbt, f"pool load {mean_load:.2f} now; ")
     return DecodeChoice(best.instance, tbt, True)
