@@ -69,7 +69,7 @@ class ConductorPolicy:
             if est is None:
                 est = estimates[k] = _estimate(ctx, best_tokens, *k)
             local, fetch = est
-            if fetch < math.inf:
+            if fetch < local:  # the NIC wait (>= 0) matters only to a fetch that can win
                 fetch += ctx.nic_wait_s(ctx.fetch_source(iid), iid)
             fetches = fetch < local
             rest = fetch if fetches else local

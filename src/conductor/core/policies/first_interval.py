@@ -72,10 +72,12 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
         most = spec.max_batch_size
         if most is None:
             most = cost.max_batch_size
-        room = d.kv_reserved_tokens + room_need <= kv and d.batch_size < most
+        batch = d.batch_size
+        reserved = d.kv_reserved_tokens
+        room = reserved + room_need <= kv and batch < most
         if not room and best is not None:
             continue
-        tbt = step_s(d.batch_size + 1, d.kv_reserved_tokens + need) * factor
+        tbt = step_s(batch + 1, reserved + need) * factor
         iid = spec.instance_id
         if iid != src:
             ingress = planned_in.get(iid, 0.0)
