@@ -106,6 +106,24 @@ def test_the_margin_holds_a_request_whose_predicted_tbt_is_near_the_slo() -> Non
     assert plan.predicted_tbt_s == pytest.approx(0.097 * 1.025)
 
 
+def test_a_short_output_is_not_held_for_its_own_first_interval() -> None:
+    """r1 may generate 2 tokens (max_tokens): its one interval is the first, TBT = step x 1.5
+    (81 ms x 1.5 = 121.5 ms with d0's 70 running requests) however long it waits. The decode
+    condition reads it with the factor of the same request without max_tokens (200 tokens
+    predicted: 81 ms x 1.025 = 83 ms, within 90% of the SLO): r1 goes, admission decides
+    it, and r2 behind it is not blocked (held for its own factor, r1 blocked r2 too)."""
+    c = make_conductor(2, 1, policy="conductor", admission="off", output_prior_tokens=200)
+    d0 = c.instances[iid("d0")].decode
+    for i in range(70):
+        d0.admit(RequestId(f"x{i}"), 1, 0, started=True)
+    q = HoldQueue(c, LateBinding(0.0, decode_aware=True, tbt_margin=0.1, nic_aware=False))
+    (p1,) = q.submit(req("r1", hashes(), 40, max_tokens=2), 0.0)
+    assert isinstance(p1, Plan) and p1.predicted_tbt_s == pytest.approx(0.081 * 1.5)
+    (p2,) = q.submit(req("r2", hashes(), 40), 0.0)  # on p1; step(72) = 82 ms x 1.025
+    assert isinstance(p2, Plan) and p2.prefill == iid("p1")
+    assert p2.predicted_tbt_s == pytest.approx(0.082 * 1.025)
+
+
 def test_an_instance_whose_egress_is_still_sending_is_not_free() -> None:
     c = make_conductor(1, 1, policy="conductor")
     c.nic.book(iid("p0"), iid("d0"), 0.0, 0.5)  # a hand-off holds p0's NIC until 0.5

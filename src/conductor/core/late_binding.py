@@ -16,11 +16,15 @@ for all, arrival order, so nothing starves), once
   idle within the horizon: the request would not start earlier if it were queued there
   now), and
 * with ``decode_aware``, the decode pool has an instance whose predicted TBT with every
-  request already assigned to it (also those still in prefill) plus this one meets the TBT
-  SLO with KV room (the decode policy's ``fits``), or the request's TTFT budget is about to
+  request already assigned to it (also those still in prefill) plus this one is within
+  ``1 - tbt_margin`` of the TBT SLO with KV room, or the request's TTFT budget is about to
   run out (waited + its best prefill time + ``horizon_s`` >= its TTFT SLO): then it is
   released anyway and admission decides, so holding never turns into a rejection by
-  itself.
+  itself. A request with ``max_tokens`` is read with the first-interval factor
+  (:func:`~conductor.core.policies.decode.tbt_factor`) of the same request without it: a
+  short ``max_tokens`` makes its own TBT mostly its first interval (factor up to 1.5),
+  which waiting does not shorten, and held for it the request would block every request
+  behind it.
 
 On release the request is scheduled with its TTFT SLO reduced by the time it waited (so
 admission's TTFT check counts the wait); one whose budget is gone is rejected
@@ -39,7 +43,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from conductor.core.late_binding_rule import LateBinding
+from conductor.core.output_length import output_cap
 from conductor.core.plan import Decision, Rejection
+from conductor.core.policies.decode import has_room, tbt_factor
 from conductor.core.types import InstanceId, Request, RequestId
 
 if TYPE_CHECKING:  # the scheduler's policies import this module
@@ -211,9 +217,21 @@ class HoldQueue:
         pre, dec = prepared.pre, prepared.dec
         if budget_s <= pre.ttft_s + self.rule.horizon_s:
             return True  # out of time: release it, admission decides
-        req = prepared.ctx.request
-        slo = req.tbt_slo_s or self.scheduler.config.tbt_slo_s
-        if dec.fits and dec.tbt_s <= slo * (1.0 - self.rule.tbt_margin):
+        ctx = prepared.ctx
+        req = ctx.request
+        sched = self.scheduler
+        slo = req.tbt_slo_s or sched.config.tbt_slo_s
+        # the pool's load for a request without max_tokens: a short max_tokens makes the
+        # request's own TBT mostly its first interval (tbt_factor up to 1.5), which waiting
+        # does not shorten; held for it, the head would block every request behind it
+        tbt = dec.tbt_s
+        if req.max_tokens is not None:
+            free = replace(req, max_tokens=None)
+            typical = sched.lengths.estimate(free, output_cap(free, sched.config.context_tokens))
+            tbt *= tbt_factor(typical.mean) / tbt_factor(ctx.output.mean)
+        inst = sched.instances.get(dec.instance)
+        room = inst is not None and has_room(ctx, inst)
+        if room and tbt <= slo * (1.0 - self.rule.tbt_margin):
             return True
         self._give_up_s = now_s + budget_s - pre.ttft_s - self.rule.horizon_s
         return False
