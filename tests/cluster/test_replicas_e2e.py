@@ -16,7 +16,8 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -30,7 +31,11 @@ from conductor.demo.tokenizer import make_tokenizer
 pytestmark = pytest.mark.slow
 ROLES = ("prefill", "prefill", "decode", "decode")
 MODEL = "demo"
-SPEEDUP = "20"
+SPEEDUP = "1"
+"""The engines run at the speed of the cost model the gateways predict with (both the
+default preset): with engines 20x faster than predicted a gateway's placements depended on
+when their prefill-done signals happened to come, and one gateway alone put 50-74% of the
+prefill requests on one engine over four runs (docs/cluster.md)."""
 
 
 class Setup:
@@ -69,10 +74,7 @@ class Setup:
         (port,) = free_ports(1)
         args = ["serve", *self.engine_args, "--model-path", str(self.tok), "--model-name",
                 MODEL, "--block-size", "32", "--max-model-len", "8192", "--port", str(port),
-                "--health-interval-s", "0.5",
-                # placement at arrival: one gateway's queue and three replicas' own queues
-                # would differ by design; this compares the sync with one view, not queues
-                "--set", "late_binding=false"]  # fmt: skip
+                "--health-interval-s", "0.5"]  # fmt: skip
         if cluster:
             args += ["--cluster", self.nats.url, "--replica-id", name]
         p = self.cluster.start(name, args, f"http://127.0.0.1:{port}")
@@ -133,25 +135,45 @@ async def spread_to(
     return [o for c in done for o in c]
 
 
-Summary = tuple[float, dict[str, float], dict[str, float]]
+@dataclass(frozen=True)
+class Summary:
+    """One run's prefix hit rate and each engine's share of its role's work: the prompt
+    tokens a prefill engine computed (prompt minus the cached prefix its plan counted on) and
+    the requests a decode engine decoded (each a batch slot for up to 24 tokens); with the
+    request shares of the prefill engines, for the record."""
+
+    hit: float
+    prefill_work: dict[str, float]
+    decode_requests: dict[str, float]
+    prefill_requests: dict[str, float]
+
+
+def shares(ok: list[Outcome], engine: Callable[[Outcome], str],
+           weight: Callable[[Outcome], int]) -> dict[str, float]:  # fmt: skip
+    total: Counter[str] = Counter()
+    for o in ok:
+        total[engine(o)] += weight(o)
+    n = sum(total.values())
+    return {k: round(v / n, 4) for k, v in sorted(total.items())}
 
 
 def summary(outcomes: list[Outcome]) -> Summary:
     ok = [o for o in outcomes if o.status == 200]
     assert len(ok) == len(outcomes), [o.error for o in outcomes if o.status != 200][:3]
-    hit = sum(o.cached_tokens for o in ok) / sum(o.prompt_tokens for o in ok)
-    pre = Counter(o.prefill for o in ok)
-    dec = Counter(o.decode for o in ok)
-    return (
-        hit,
-        {k: v / len(ok) for k, v in pre.items()},
-        {k: v / len(ok) for k, v in dec.items()},
+    return Summary(
+        hit=sum(o.cached_tokens for o in ok) / sum(o.prompt_tokens for o in ok),
+        prefill_work=shares(ok, lambda o: o.prefill, lambda o: o.prompt_tokens - o.cached_tokens),
+        decode_requests=shares(ok, lambda o: o.decode, lambda o: 1),
+        prefill_requests=shares(ok, lambda o: o.prefill, lambda o: 1),
     )
 
 
-def run_once(
-    tmp: Path, nats: NatsServer, n_gateways: int
-) -> tuple[float, dict[str, float], dict[str, float]]:
+BALANCE_LOAD = (48, 6)
+"""Conversations and turns of the balance comparison: 288 requests, in waves of up to 48
+at once, enough that the prefill engines queue and placement follows their load."""
+
+
+def run_once(tmp: Path, nats: NatsServer, n_gateways: int) -> Summary:
     s = Setup(tmp, nats)
     try:
         s.engines()
@@ -161,25 +183,34 @@ def run_once(
         if n_gateways > 1:
             until(lambda: all(metric(g.url, "conductor_cluster_peers") == n_gateways - 1
                               for g in s.gateways))  # fmt: skip
-        return summary(asyncio.run(spread([g.url for g in s.gateways], 12, 6, 0)))
+        return summary(asyncio.run(spread([g.url for g in s.gateways], *BALANCE_LOAD, 0)))
     finally:
         s.cluster.stop()
 
 
+def largest_first(shares: dict[str, float]) -> list[float]:
+    """A role's shares, largest first: which engine got more is not the balance."""
+    assert len(shares) == 2, shares
+    return sorted(shares.values(), reverse=True)
+
+
 def test_three_replicas_balance_and_hit_like_one(tmp_path: Path, nats: NatsServer) -> None:
-    hit1, pre1, dec1 = run_once(tmp_path / "one", nats, 1)
-    hit3, pre3, dec3 = run_once(tmp_path / "three", nats, 3)
-    print(f"hit rate 1 gateway {hit1:.3f}, 3 replicas {hit3:.3f}; prefill {pre1} vs {pre3};"
-          f" decode {dec1} vs {dec3}")  # fmt: skip
-    assert abs(hit3 - hit1) <= 0.05, (hit1, hit3)
-    # balance: each role's request shares, largest first (which engine got more is not it).
-    # The issue's target is 5 points; the client's synchronised waves (12 requests at once)
-    # herd within the sync lag, measured up to 7 points (docs/cluster.md), so this checks 10:
-    # no gross herding (one engine taking most of the waves), not the target.
-    for one, three in ((pre1, pre3), (dec1, dec3)):
-        a, b = sorted(one.values(), reverse=True), sorted(three.values(), reverse=True)
-        assert len(a) == len(b) == 2, (one, three)
-        assert all(abs(x - y) <= 0.10 + 1e-9 for x, y in zip(a, b, strict=True)), (one, three)
+    """The same load (48 six-turn conversations started at once, request k to replica
+    k mod 3) through one gateway, then three replicas, each on fresh engines, with the
+    gateway's defaults (late binding on). Balance is each role's work: the prompt tokens each
+    prefill engine computed, the requests each decode engine decoded; the three replicas'
+    shares (largest first) within 5 points of one gateway's, the hit rate within 0.05. The
+    prefill engines' request shares are printed, not asserted: a conversation's cached turn
+    costs its engine a few dozen tokens, a cold one hundreds (their spread over runs is in
+    docs/cluster.md)."""
+    one = run_once(tmp_path / "one", nats, 1)
+    three = run_once(tmp_path / "three", nats, 3)
+    print(f"\n1 gateway  {one}\n3 replicas {three}")
+    assert abs(three.hit - one.hit) <= 0.05, (one.hit, three.hit)
+    for a, b in ((one.prefill_work, three.prefill_work),
+                 (one.decode_requests, three.decode_requests)):  # fmt: skip
+        dev = max(abs(x - y) for x, y in zip(largest_first(a), largest_first(b), strict=True))
+        assert dev <= 0.05, (a, b)
 
 
 @pytest.fixture

@@ -127,6 +127,20 @@ async def test_each_replica_knows_its_claim_turn_among_the_live_ones(
         await until(lambda: "B" not in c.peers and "B" not in a.peers, timeout_s=5)
         assert (a.claim_slot(), c.claim_slot()) == ((0, 2), (1, 2))
         assert calls == [(1, 2)]
+        assert (a.scheduler.stagger, c.scheduler.stagger) == ((0, 2), (1, 2))
+
+
+async def test_replicas_break_exact_ties_from_their_rank(nats_server: NatsServer) -> None:
+    """Each replica's tie-break stagger is its rank among the live ones: three replicas
+    placing at the same instant on an idle cluster (none sees the others' choice yet) split
+    over the two prefill instances 2:1. Stagger by a hash of the id, as before, sent all
+    three of g0, g1, g2 to the same instance first (crc32 put them in one half)."""
+    async with replicas(nats_server.url, "g0", "g1", "g2") as syncs:
+        assert [s.scheduler.stagger for s in syncs] == [(0, 3), (1, 3), (2, 3)]
+        now = time.monotonic()
+        plans = [s.scheduler.schedule(req(f"r{i}"), now) for i, s in enumerate(syncs)]
+        assert all(isinstance(p, Plan) for p in plans)
+        assert [p.prefill for p in plans if isinstance(p, Plan)] == ["p0", "p0", "p1"]
 
 
 async def _silent(data: bytes) -> bool:

@@ -141,3 +141,17 @@ def test_snapshot_replaces_a_replicas_view() -> None:
     assert sorted(a.remote.by_replica["B"]) == ["b2"]
     assert sum(a.instances[i].decode.batch_size for i in (D0, D1)) == 1
     assert sum(a.instances[i].prefill.queued_tokens for i in (P0, P1)) == 200
+
+
+def test_a_new_stagger_reorders_the_pools() -> None:
+    """The stagger (replica k of n starts the pools k/n of the way round) changes when the
+    replicas re-rank; the order follows at once, not the one computed for the old rank."""
+    a = replica()
+    names = lambda: [[i.spec.instance_id for i in pool] for pool in a.pools()]  # noqa: E731
+    assert names() == [[P0, P1], [D0, D1]]
+    a.stagger = (1, 2)
+    assert names() == [[P1, P0], [D1, D0]]
+    a.stagger = (1, 3)
+    assert names() == [[P0, P1], [D0, D1]]
+    a.stagger = (2, 3)
+    assert names() == [[P1, P0], [D1, D0]]

@@ -17,7 +17,6 @@ import multiprocessing
 import os
 import signal
 import socket
-import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
@@ -40,15 +39,6 @@ def replica_id(cluster: ClusterConfig) -> ClusterConfig:
     if cluster.replica_id:
         return cluster
     return replace(cluster, replica_id=f"{socket.gethostname()}-{os.getpid()}")
-
-
-STAGGER_SLOTS = 1024
-
-
-def stagger(replica: str) -> tuple[int, int]:
-    """Where in the instance order this replica starts breaking ties (a stable hash of its
-    id; see :meth:`~conductor.core.replication.ReplicaScheduler.pools`)."""
-    return zlib.crc32(replica.encode()) % STAGGER_SLOTS, STAGGER_SLOTS
 
 
 def with_sync(

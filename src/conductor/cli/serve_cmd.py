@@ -46,11 +46,8 @@ def build_conductor(settings: ServeSettings | ModelSettings) -> Scheduler:
         conductor = Scheduler(settings.cost, policy=settings.policy, config=settings.scheduler)
     else:
         conductor = ReplicaScheduler(
-            settings.cost,
-            policy=settings.policy,
-            config=settings.scheduler,
-            stagger=cluster_serve.stagger(cluster.replica_id),
-        )
+            settings.cost, policy=settings.policy, config=settings.scheduler
+        )  # its tie-break stagger is its rank, set by the replica sync
     conductor.decode_policy = ColocatedDecode(conductor.decode_policy)
     return conductor
 

@@ -95,15 +95,20 @@ class ReplicaSync:
         self._sends: set[asyncio.Task[object]] = set()
         self.on_members: Callable[[], None] | None = None
         """Called when a peer joins or leaves (the gateway's hold queue re-ranks its claim)."""
+        scheduler.stagger = self.claim_slot()
 
     def claim_slot(self) -> tuple[int, int]:
         """This replica's rank among the live ones (itself and its peers, by id) and their
         number: the turn in which it claims a freed prefill instance
-        (:class:`~conductor.core.late_binding.HoldQueue`'s ``claim``)."""
+        (:class:`~conductor.core.late_binding.HoldQueue`'s ``claim``) and where in the
+        instance order it starts breaking exact ties (the scheduler's ``stagger``)."""
         ids = sorted({self.replica_id, *self.peers})
         return ids.index(self.replica_id), len(ids)
 
     def _members_changed(self) -> None:
+        """Re-rank: the scheduler's tie-break stagger here, the hold queue's claim through
+        ``on_members``."""
+        self.scheduler.stagger = self.claim_slot()
         if self.on_members is not None:
             self.on_members()
 

@@ -110,7 +110,7 @@ class ReplicaScheduler(Scheduler):
             decode_policy=decode_policy,
             output_lengths=output_lengths,
         )
-        self.stagger = stagger
+        self._stagger = stagger
         self._rotated: tuple[object, tuple[list[InstanceState], list[InstanceState]]] | None = None
         self.outbox: list[ReservationEvent] = []
         self.notify: Callable[[], None] | None = None
@@ -123,12 +123,24 @@ class ReplicaScheduler(Scheduler):
             self.notify()
         self.outbox.append(event)
 
+    @property
+    def stagger(self) -> tuple[int, int]:
+        """``(k, n)``: this is replica ``k`` of ``n`` in tie-breaking (see :meth:`pools`);
+        the replica sync sets it to the replica's rank among the live ones."""
+        return self._stagger
+
+    @stagger.setter
+    def stagger(self, value: tuple[int, int]) -> None:
+        if value != self._stagger:
+            self._stagger = value
+            self._rotated = None
+
     def pools(self) -> tuple[list[InstanceState], list[InstanceState]]:
         """The pools in an order of this replica's own: ``stagger = (k, n)`` (replica ``k``
         of ``n``) starts them ``k/n`` of the way round, so replicas that see the same load
         break its exact ties on different instances instead of herding onto the first."""
         base = super().pools()
-        k, n = self.stagger
+        k, n = self._stagger
         if k == 0:
             return base
         if self._rotated is None or self._rotated[0] is not base:
