@@ -65,7 +65,6 @@ from fidelity_parts import (  # noqa: E402
     alone_slowdown,
     busy_fraction,
     compare,
-    fit_handoff,
     ordering,
     pd_intervals,
     row_intervals,
@@ -77,6 +76,7 @@ from fidelity_parts import (  # noqa: E402
 )
 
 from conductor.core.cost_file import parse_cost_file, render_cost_file  # noqa: E402
+from conductor.profiling.handoff import HandoffFit, fit_handoff  # noqa: E402
 from conductor.sim.simulator import simulate  # noqa: E402
 from conductor.workload.max_tokens import MaxTokens  # noqa: E402
 from conductor.workload.trace import (  # noqa: E402
@@ -585,8 +585,6 @@ def main() -> int:
                 e.stop()
     result["sim"] = {pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim.items()}
     if pd:
-        from fidelity_parts import HandoffFit
-
         fit = HandoffFit(**result["handoff"]["fit"])
         result["sim_profiled_transfer"] = {
             pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim_profiled.items()

@@ -14,10 +14,10 @@ share and what compares them:
   vLLM's scheduler knobs, the KV room, the block size).
 * :func:`pd_intervals`: a P/D request's time on its prefill engine (sent to first token)
   and on its decode engine (first token to done), for :func:`busy_fraction`.
-* :func:`fit_handoff`, :func:`with_transfer` and :func:`with_handoff`: the measured P/D
-  hand-off (TTFT through the gateway minus the prefill engine's own time) as a line in the
-  prompt length, the cost model's KV transfer set from it, and simulated rows with it added
-  to their TTFT.
+* :func:`with_transfer` and :func:`with_handoff`: the measured P/D hand-off (TTFT through
+  the gateway minus the prefill engine's own time; its line in the prompt length is
+  ``conductor.profiling.handoff.fit_handoff``), the cost model's KV transfer set from it,
+  and simulated rows with it added to their TTFT.
 * :func:`busy_fraction`: utilisation as the share of the trace's span an engine had at least
   one request in flight, computed the same way from replay rows and simulated records.
 * :func:`compare`: per-request and aggregate TTFT/TBT errors of one run against another.
@@ -33,6 +33,7 @@ import numpy as np
 
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel
+from conductor.profiling.handoff import HandoffFit, transfer_of
 from conductor.sim.config import EngineConfig, SimConfig
 from conductor.sim.records import RequestRecord
 from conductor.workload.trace_format import TraceRecord
@@ -286,43 +287,14 @@ def pd_intervals(rows: Iterable[Row]) -> list[Interval]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class HandoffFit:
-    """The P/D hand-off as ``latency_s + s_per_token * prompt_tokens`` (least squares over
-    ``n`` measured samples), with the fit's largest absolute residual."""
-
-    latency_s: float
-    s_per_token: float
-    n: int
-    max_residual_s: float
-
-    def at(self, prompt_tokens: int) -> float:
-        return self.latency_s + self.s_per_token * prompt_tokens
-
-
-def fit_handoff(samples: Sequence[tuple[int, float]]) -> HandoffFit:
-    """The line through (prompt tokens, hand-off seconds) samples; at least two distinct
-    lengths."""
-    if len({n for n, _ in samples}) < 2:
-        raise ValueError("a hand-off fit needs samples at two prompt lengths at least")
-    x = np.asarray([n for n, _ in samples], dtype=float)
-    y = np.asarray([s for _, s in samples], dtype=float)
-    slope, intercept = np.polyfit(x, y, 1)
-    resid = y - (intercept + slope * x)
-    return HandoffFit(float(intercept), float(slope), len(samples), float(np.abs(resid).max()))
-
-
 def with_transfer(cost: CostModel, fit: HandoffFit) -> CostModel | None:
-    """``cost`` with its KV transfer (``latency_s + tokens * kv_bytes_per_token /
-    bytes_per_s``) set from ``fit``: latency the fit's intercept, bandwidth the KV bytes of a
-    token over the fit's seconds per token. None when the fit cannot be read that way (a
-    slope or an intercept below zero)."""
-    if fit.s_per_token <= 0 or fit.latency_s < 0:
+    """``cost`` with its KV transfer read from ``fit`` (``conductor.profiling.handoff``'s
+    reading, as ``conductor profile --handoff-url`` writes it); None when the hand-off did
+    not grow with the prompt (a slope at or below zero)."""
+    read = transfer_of(fit, cost.kv_bytes_per_token)
+    if read is None:
         return None
-    return cost.with_(
-        transfer_latency_s=fit.latency_s,
-        transfer_bytes_per_s=cost.kv_bytes_per_token / fit.s_per_token,
-    )
+    return cost.with_(transfer_bytes_per_s=read[0], transfer_latency_s=read[1])
 
 
 def with_handoff(rows: Iterable[Row], fit: HandoffFit) -> list[dict[str, object]]:

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from conductor.core.cost_file import parse_cost_file
+from conductor.profiling.handoff import HandoffFit, fit_handoff
 from tests.engines.costs import COMMITTED
 from tests.engines.fixtures import REPO_ROOT
 
@@ -14,11 +15,9 @@ sys.path.insert(0, str(REPO_ROOT / "bench"))
 
 from fidelity_parts import (
     EngineShape,
-    HandoffFit,
     Scaling,
     busy_fraction,
     compare,
-    fit_handoff,
     ordering,
     pd_intervals,
     row_intervals,
@@ -141,7 +140,8 @@ def test_the_handoff_fit_sets_the_transfer_and_adds_to_simulated_ttft() -> None:
     assert moved.transfer_bytes_per_s == pytest.approx(cost.kv_bytes_per_token * 1e4)
     assert moved.transfer_s(1100) == pytest.approx(fit.at(1100), rel=1e-9)
     assert with_transfer(cost, HandoffFit(0.01, -1e-5, 3, 0.0)) is None
-    assert with_transfer(cost, HandoffFit(-0.01, 1e-5, 3, 0.0)) is None
+    clamped = with_transfer(cost, HandoffFit(-0.01, 1e-5, 3, 0.0))  # whole blocks move
+    assert clamped is not None and clamped.transfer_latency_s == 0.0
     rows = [{"request_id": "a", "prompt_tokens": 100, "ttft_s": 1.0}, {"request_id": "b"}]
     out = with_handoff(rows, fit)
     assert out[0]["ttft_s"] == pytest.approx(1.04) and out[1] == {"request_id": "b"}

@@ -34,6 +34,9 @@ FLAGS = {
     "transfer_latency_s": "--transfer-latency-s",
     "timeout_s": "--timeout-s",
     "seed": "--seed",
+    "handoff_url": "--handoff-url",
+    "handoff_lengths": "--handoff-lengths",
+    "handoff_samples": "--handoff-samples",
 }
 """ProfileConfig field -> its option."""
 
@@ -94,6 +97,32 @@ def print_residuals(result: object) -> None:
         f"prefill s = {p.c0:.4g} + {p.c1:.4g} m + {p.c2:.4g} N + {p.c3:.4g} m N;"
         f" decode step s = {d.c0:.4g} + {d.c1:.4g} B + {d.c2:.4g} C"
     )
+    h = result.handoff_fit
+    if h is not None:
+        table = Table("prompt tokens", "prefill ms", "P/D ms", "hand-off ms", "fit ms")
+        table.title = "hand-off fit"
+        for s in result.measurements.handoff:
+            table.add_row(
+                str(s.prompt_tokens),
+                f"{s.prefill_s * 1e3:.2f}",
+                f"{s.pd_ttft_s * 1e3:.2f}",
+                f"{s.handoff_s * 1e3:.2f}",
+                f"{h.at(s.prompt_tokens) * 1e3:.2f}",
+            )
+        console.print(table)
+        c = result.cost
+        console.print(
+            f"hand-off s = {h.latency_s:.4g} + {h.s_per_token:.4g} x prompt tokens"
+            f" (max residual {h.max_residual_s * 1e3:.2f} ms): "
+            + (
+                f"[transfer] bytes_per_s {c.transfer_bytes_per_s:.4g}, latency_s"
+                f" {c.transfer_latency_s:.4g}"
+                if result.transfer_measured
+                else "not usable as a transfer (it did not grow with the prompt): option values"
+                " kept"
+            ),
+            markup=False,
+        )
 
 
 def register(app: typer.Typer) -> None:
@@ -145,11 +174,28 @@ def register(app: typer.Typer) -> None:
         ] = _int("kv_bytes_per_elem"),
         transfer_bytes_per_s: Annotated[
             float,
-            typer.Option("--transfer-bytes-per-s", help="KV transfer bandwidth (not measured)"),
+            typer.Option(
+                "--transfer-bytes-per-s", help="KV transfer bandwidth, unless --handoff-url"
+            ),
         ] = _float("transfer_bytes_per_s"),
         transfer_latency_s: Annotated[
-            float, typer.Option("--transfer-latency-s", help="KV transfer latency (not measured)")
+            float,
+            typer.Option("--transfer-latency-s", help="KV transfer latency, unless --handoff-url"),
         ] = _float("transfer_latency_s"),
+        handoff_url: Annotated[
+            str | None,
+            typer.Option(
+                "--handoff-url",
+                help="a disaggregated gateway (prefill engine like --url + a decode engine):"
+                " measure the KV hand-off for [transfer]",
+            ),
+        ] = None,
+        handoff_lengths: Annotated[
+            str, typer.Option("--handoff-lengths", help="hand-off prompt lengths, comma-separated")
+        ] = _list_default("handoff_lengths"),
+        handoff_samples: Annotated[
+            int, typer.Option("--handoff-samples", help="hand-off pairs per length")
+        ] = _int("handoff_samples"),
         timeout_s: Annotated[float, typer.Option("--timeout-s", help="per request")] = _float(
             "timeout_s"
         ),
@@ -175,6 +221,9 @@ def register(app: typer.Typer) -> None:
                 transfer_latency_s=transfer_latency_s,
                 timeout_s=timeout_s,
                 seed=seed,
+                handoff_url=handoff_url.rstrip("/") if handoff_url else None,
+                handoff_lengths=_ints(handoff_lengths, "--handoff-lengths"),
+                handoff_samples=handoff_samples,
             )
         except InvalidInput as exc:
             raise config_error(exc, FLAGS) from None
@@ -199,7 +248,8 @@ def register(app: typer.Typer) -> None:
             else:
                 result = profile(cfg, model_path, name=name)
         except InvalidInput as exc:
-            raise config_error(exc, {"model_path": "--model-path", "url": "--url"}) from None
+            flags = {"model_path": "--model-path", "url": "--url", "handoff_url": "--handoff-url"}
+            raise config_error(exc, flags) from None
         except (ConductorError, ProfileError, httpx.HTTPError, OSError) as exc:
             typer.echo(f"error: profiling {cfg.url}: {exc}", err=True)
             raise typer.Exit(1) from None

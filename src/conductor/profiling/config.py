@@ -8,7 +8,11 @@ cached), each with ``max_tokens`` 1, one at a time on an idle engine; the sample
 time to the first token. Decode: for each batch size in ``batch_sizes`` and context in
 ``decode_contexts``, that many concurrent streams of ``decode_tokens`` tokens after prompts of
 that length; the sample is the median gap between tokens while every stream of the batch is
-decoding. ``warmup`` requests go first and are not measured.
+decoding. ``warmup`` requests go first and are not measured. With ``handoff_url`` (a
+disaggregated gateway in front of a prefill engine like the profiled one and a decode
+engine), the KV hand-off too (:mod:`conductor.profiling.handoff`): for each length in
+``handoff_lengths``, ``handoff_samples`` pairs of requests after one unmeasured round; its
+fit sets the cost file's transfer instead of ``transfer_bytes_per_s`` / ``transfer_latency_s``.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ class ProfileConfig:
     transfer_latency_s: float = 0.001
     timeout_s: float = 120.0
     seed: int = 0
+    handoff_url: str | None = None
+    handoff_lengths: tuple[int, ...] = (64, 256, 512, 1024)
+    handoff_samples: int = 3
 
     def __post_init__(self) -> None:
         if not self.url.startswith("http://"):
@@ -74,6 +81,13 @@ class ProfileConfig:
         check_at_least("transfer_latency_s", self.transfer_latency_s, 0)
         check_positive("timeout_s", self.timeout_s)
         check_at_least("seed", self.seed, 0)
+        if self.handoff_url is not None and not self.handoff_url.startswith("http://"):
+            raise InvalidInput("handoff_url", self.handoff_url, "must be an http:// URL")
+        for v in self.handoff_lengths:
+            check_at_least("handoff_lengths", v, 1)
+        if len(set(self.handoff_lengths)) < 2:
+            raise InvalidInput("handoff_lengths", self.handoff_lengths, "need 2 distinct lengths")
+        check_at_least("handoff_samples", self.handoff_samples, 1)
 
 
 FALLBACK_BLOCK_SIZE = 16

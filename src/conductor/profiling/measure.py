@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from conductor.profiling.config import ProfileConfig
+from conductor.profiling.handoff import HandoffSample
 from conductor.web.client import RawHttpClient, Timeouts
 from conductor.web.sse_client import StreamResult, stream_completion
 from conductor.workload.prompts import BlockPrompts, FreshBlocks
@@ -64,13 +65,15 @@ class Measurements:
     decode: tuple[DecodeSample, ...]
     requests: int
     engine_reported_cached: bool
+    handoff: tuple[HandoffSample, ...] = ()
 
 
 def planned_steps(cfg: ProfileConfig) -> int:
     """How many times a profile calls its step callback."""
     per_length = 1 + len(cfg.cached_fractions)
     prefill = len(cfg.prefill_lengths) * cfg.repeats * per_length
-    return cfg.warmup + prefill + len(cfg.batch_sizes) * len(cfg.decode_contexts)
+    handoff = (cfg.handoff_samples + 1) * len(cfg.handoff_lengths) if cfg.handoff_url else 0
+    return cfg.warmup + prefill + len(cfg.batch_sizes) * len(cfg.decode_contexts) + handoff
 
 
 def cached_prefix(length: int, fraction: float, block: int) -> int:
@@ -92,6 +95,7 @@ class Profiler:
         block_size_tokens: int,
         pool: Sequence[int],
         step: Step | None = None,
+        handoff_model: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.model = model
@@ -105,14 +109,20 @@ class Profiler:
         )
         self.requests = 0
         self.reported_cached = False
+        self.handoff_model = handoff_model or model
+        """The model name the hand-off gateway serves."""
 
     def fresh_prompt(self, length: int) -> list[int]:
         blocks = self.fresh.take(-(-length // self.block))
         return self.prompts.prompt(blocks, length)
 
-    async def send(self, prompt: list[int], max_tokens: int) -> StreamResult:
+    async def send(
+        self, prompt: list[int], max_tokens: int, *, via: str | None = None
+    ) -> StreamResult:
+        """One streamed completion to the engine, or ``via`` another base URL (the hand-off
+        gateway)."""
         body = {
-            "model": self.model,
+            "model": self.model if via is None else self.handoff_model,
             "prompt": prompt,
             "max_tokens": max_tokens,
             "ignore_eos": True,
@@ -121,8 +131,9 @@ class Profiler:
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
         self.requests += 1
+        base = self.cfg.url if via is None else via
         r = await stream_completion(
-            self.client, f"{self.cfg.url}/v1/completions", body, timeout_s=self.cfg.timeout_s
+            self.client, f"{base}/v1/completions", body, timeout_s=self.cfg.timeout_s
         )
         if r.error is not None or r.first_token_s is None:
             raise ProfileError(f"request of {len(prompt)} tokens failed: {r.error}")
@@ -179,7 +190,26 @@ class Profiler:
                 if sample is not None:
                     decode.append(sample)
                 self.step(f"decode {b} x {c}")
-        return Measurements(prefill, tuple(decode), self.requests, self.reported_cached)
+        handoff = await self.handoff() if cfg.handoff_url else ()
+        return Measurements(prefill, tuple(decode), self.requests, self.reported_cached, handoff)
+
+    async def handoff(self) -> tuple[HandoffSample, ...]:
+        """Per length and sample, a fresh prompt straight to the engine (``max_tokens`` 1)
+        and another through ``cfg.handoff_url`` (``max_tokens`` 2, so the decode engine
+        yields the first token); one unmeasured round first (a CPU engine meets each shape
+        once)."""
+        via = self.cfg.handoff_url
+        assert via is not None
+        out: list[HandoffSample] = []
+        for k in range(self.cfg.handoff_samples + 1):
+            for n in self.cfg.handoff_lengths:
+                prefill_s, _ = await self.ttft(self.fresh_prompt(n))
+                r = await self.send(self.fresh_prompt(n), 2, via=via)
+                assert r.first_token_s is not None
+                if k > 0:
+                    out.append(HandoffSample(n, prefill_s, r.first_token_s - r.sent_s))
+                self.step(f"hand-off {n}")
+        return tuple(out)
 
     async def decode_point(self, batch: int, context: int, tokens: int) -> DecodeSample | None:
         """``batch`` concurrent streams after ``context``-token prompts that were sent (and

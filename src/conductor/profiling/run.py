@@ -12,6 +12,7 @@ import httpx
 
 from conductor.core.cost_file import cost_to_mapping, render_cost_file
 from conductor.core.costmodel import CostModel
+from conductor.core.errors import InvalidInput
 from conductor.hf.tokenizer import HfTokenizer
 from conductor.hf.words import WORDS
 from conductor.profiling.config import (
@@ -19,8 +20,9 @@ from conductor.profiling.config import (
     FALLBACK_KV_CAPACITY_TOKENS,
     ProfileConfig,
 )
-from conductor.profiling.engine import EngineFacts, engine_facts, model_spec
+from conductor.profiling.engine import EngineFacts, engine_facts, model_spec, served_model
 from conductor.profiling.fit import Fit, cost_model, fit, measured_table
+from conductor.profiling.handoff import HandoffFit, fit_handoff, transfer_of
 from conductor.profiling.measure import Measurements, Profiler, Step
 from conductor.workload.prompts import word_pool
 
@@ -35,6 +37,10 @@ class ProfileResult:
     text: str
     """The cost file."""
     wall_s: float
+    handoff_fit: HandoffFit | None = None
+    """The hand-off's line (``--handoff-url``); None when it was not measured."""
+    transfer_measured: bool = False
+    """The cost file's ``[transfer]`` comes from ``handoff_fit`` (else the options')."""
 
 
 def profile(
@@ -47,8 +53,17 @@ def profile(
     pool = word_pool(lambda t: tokenizer.encode(t, add_special_tokens=False), WORDS)
     with httpx.Client(timeout=10.0) as client:
         facts = engine_facts(client, cfg.url, cfg.model)
+        via_model = None
+        if cfg.handoff_url is not None:
+            try:
+                via_model = served_model(client, cfg.handoff_url)
+            except InvalidInput as exc:
+                raise InvalidInput("handoff_url", cfg.handoff_url, exc.why) from None
+            except httpx.HTTPError as exc:
+                why = f"GET /v1/models failed: {exc}"
+                raise InvalidInput("handoff_url", cfg.handoff_url, why) from None
     block = cfg.block_size_tokens or facts.block_size_tokens or FALLBACK_BLOCK_SIZE
-    profiler = Profiler(cfg, facts.model, block, pool, step)
+    profiler = Profiler(cfg, facts.model, block, pool, step, handoff_model=via_model)
     measurements = asyncio.run(profiler.run())
     f = fit(measurements)
     capacity = cfg.kv_capacity_tokens or facts.kv_capacity_tokens
@@ -64,6 +79,21 @@ def profile(
         transfer_latency_s=cfg.transfer_latency_s,
         source=f"conductor profile {cfg.url} ({facts.model}) at {at}",
     )
+    hfit = None
+    measured = False
+    transfer = "not measured (option values)"
+    if measurements.handoff:
+        hfit = fit_handoff([(h.prompt_tokens, h.handoff_s) for h in measurements.handoff])
+        read = transfer_of(hfit, cost.kv_bytes_per_token)
+        if read is None:
+            transfer = (
+                f"measured through {cfg.handoff_url}, fit unusable ({hfit.s_per_token:.3e} s per"
+                " token: the hand-off did not grow with the prompt): option values kept"
+            )
+        else:
+            cost = cost.with_(transfer_bytes_per_s=read[0], transfer_latency_s=read[1])
+            measured = True
+            transfer = f"measured through {cfg.handoff_url} (hand-off fit)"
     extra = {
         "model_path": str(model_path),
         "block_size_from": "option"
@@ -72,7 +102,8 @@ def profile(
         "kv_capacity_from": "option"
         if cfg.kv_capacity_tokens
         else ("vllm:cache_config_info" if facts.kv_capacity_tokens else "default (not measured)"),
-        "transfer": "not measured (option values)",
+        "transfer": transfer,
+        **(_handoff_table(measurements, hfit) if hfit is not None else {}),
         "repeats": cfg.repeats,
         "wall_s": round(wall, 3),
     }
@@ -90,4 +121,17 @@ def profile(
         "T = c0 + c1 B + c2 C (B requests holding C context tokens). [measured] keeps the",
         "samples and the fit's residuals. Read with --cost-file (docs/profile_replay.md).",
     )
-    return ProfileResult(cost, f, measurements, facts, block, render_cost_file(doc, header), wall)
+    text = render_cost_file(doc, header)
+    return ProfileResult(cost, f, measurements, facts, block, text, wall, hfit, measured)
+
+
+def _handoff_table(m: Measurements, fit: HandoffFit) -> dict[str, object]:
+    return {
+        "handoff_samples": [
+            [h.prompt_tokens, round(h.prefill_s, 6), round(h.pd_ttft_s, 6)] for h in m.handoff
+        ],
+        "handoff_samples_columns": "prompt_tokens, prefill-engine seconds, gateway P/D seconds"
+        " to the first token",
+        "handoff_fit": [round(fit.latency_s, 6), fit.s_per_token, round(fit.max_residual_s, 6)],
+        "handoff_fit_columns": "latency s, s per prompt token, max residual s",
+    }
