@@ -12,7 +12,13 @@ import httpx
 import pytest
 
 from conductor.core.types import InstanceId, Role
-from tests.engines.fixtures import VllmEngine
+from conductor.hf.tokenizer import HfTokenizer
+from conductor.hf.words import WORDS
+from conductor.profiling.config import ProfileConfig
+from conductor.profiling.handoff import fit_handoff
+from conductor.profiling.measure import Profiler
+from conductor.workload.prompts import word_pool
+from tests.engines.fixtures import BLOCK_SIZE_TOKENS, SERVED_MODEL_NAME, TINY_MODEL, VllmEngine
 from tests.gateway.harness import client_for, eventually
 from tests.gateway.test_gateway_vllm import engine_config, real_gateway, sse_texts, start_engines
 from tests.gateway.test_vllm_engine_events import metric
@@ -98,3 +104,36 @@ async def test_b_pd_flow_end_to_end_with_external_cache_hits_on_decode(
     assert after - before >= 32 * len(PROMPTS), (before, after)
     assert 'conductor_observed_prefill_seconds_count{policy="conductor"} 3.0' in metrics
     assert gw.conductor.inflight() == 0
+
+
+async def test_c_profile_measures_the_hand_off_through_the_gateway(
+    pd_engines: list[VllmEngine],
+) -> None:
+    """``conductor profile --handoff-url``'s measurement against real engines: fresh
+    prompts straight to the prefill engine and through the gateway in front of both (the
+    decode engine loads the KV files the prefill engine's connector wrote)."""
+    prefill, decode = pd_engines
+    gw = real_gateway(
+        [
+            engine_config("prefill", prefill, Role.PREFILL),
+            engine_config("decode", decode, Role.DECODE),
+        ]
+    )
+    tok = HfTokenizer.load(TINY_MODEL)
+    pool = word_pool(lambda t: tok.encode(t, add_special_tokens=False), WORDS)
+    async with client_for(gw) as client:
+        await eventually(lambda: all(s.healthy for s in gw.conductor.instances.values()), 10)
+        via = str(client.base_url).rstrip("/")
+        cfg = ProfileConfig(
+            prefill.base_url, handoff_url=via, handoff_lengths=(64, 512), handoff_samples=2
+        )
+        profiler = Profiler(cfg, SERVED_MODEL_NAME, BLOCK_SIZE_TOKENS, pool)
+        try:
+            samples = await profiler.handoff()
+        finally:
+            await profiler.client.aclose()
+    assert [s.prompt_tokens for s in samples] == [64, 512, 64, 512]
+    assert all(s.prefill_s > 0 and s.pd_ttft_s > 0 for s in samples)
+    fit = fit_handoff([(s.prompt_tokens, s.handoff_s) for s in samples])
+    print(f"hand-off through ExampleConnector: {samples}; fit {fit}")
+    assert fit.n == 4

@@ -7,7 +7,13 @@ import pytest
 
 from conductor.core.errors import InvalidInput
 from conductor.profiling.config import ProfileConfig
-from conductor.profiling.handoff import HandoffFit, HandoffSample, fit_handoff, transfer_of
+from conductor.profiling.handoff import (
+    HandoffFit,
+    HandoffSample,
+    fit_handoff,
+    per_length_medians,
+    transfer_of,
+)
 from conductor.profiling.measure import planned_steps
 
 
@@ -31,6 +37,22 @@ def test_the_transfer_is_a_tokens_kv_bytes_over_the_slope() -> None:
 
 def test_a_sample_is_the_gateway_ttft_less_the_prefill_engines() -> None:
     assert HandoffSample(256, 0.030, 0.045).handoff_s == pytest.approx(0.015)
+
+
+def test_the_line_goes_through_the_median_of_each_length() -> None:
+    """A one-second stall of one P/D request moves its sample, not the median."""
+    samples = [
+        HandoffSample(512, 0.03, 0.09),
+        HandoffSample(64, 0.02, 0.03),
+        HandoffSample(512, 0.03, 1.09),
+        HandoffSample(64, 0.02, 0.04),
+        HandoffSample(64, 0.02, 0.035),
+        HandoffSample(512, 0.03, 0.10),
+    ]
+    medians = per_length_medians(samples)
+    assert medians == [(64, pytest.approx(0.015)), (512, pytest.approx(0.07))]
+    fit = fit_handoff(medians)
+    assert fit.s_per_token == pytest.approx(0.055 / 448)
 
 
 def test_the_hand_off_options_are_checked() -> None:

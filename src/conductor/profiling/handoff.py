@@ -6,7 +6,7 @@ straight to the profiled prefill engine (``max_tokens`` 1: the prefill leg alone
 the same length through the gateway in front of a prefill and a decode engine (its prefill
 leg, the KV hand-off, the decode engine's first token). Their difference is the hand-off as
 a client sees it: moving the prompt's KV and the decode engine's first step. A line through
-(prompt tokens, hand-off seconds) gives the cost model's transfer:
+(prompt tokens, median hand-off seconds per length) gives the cost model's transfer:
 ``latency_s`` its intercept (at least 0), ``bytes_per_s`` a token's KV bytes over its slope.
 """
 
@@ -55,6 +55,16 @@ def fit_handoff(samples: Sequence[tuple[int, float]]) -> HandoffFit:
     slope, intercept = np.polyfit(x, y, 1)
     resid = y - (intercept + slope * x)
     return HandoffFit(float(intercept), float(slope), len(samples), float(np.abs(resid).max()))
+
+
+def per_length_medians(samples: Sequence[HandoffSample]) -> list[tuple[int, float]]:
+    """(prompt tokens, median hand-off seconds) per length, in length order: the prefill
+    leg and the P/D request are different requests timed one after the other, and a stall
+    hits each on its own, so the line goes through medians, not single samples."""
+    by: dict[int, list[float]] = {}
+    for h in samples:
+        by.setdefault(h.prompt_tokens, []).append(h.handoff_s)
+    return [(n, float(np.median(by[n]))) for n in sorted(by)]
 
 
 def transfer_of(fit: HandoffFit, kv_bytes_per_token: int) -> tuple[float, float] | None:

@@ -10,6 +10,7 @@ Requests ask for ``ignore_eos`` so the engine generates exactly ``max_tokens``.
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -193,17 +194,38 @@ class Profiler:
         handoff = await self.handoff() if cfg.handoff_url else ()
         return Measurements(prefill, tuple(decode), self.requests, self.reported_cached, handoff)
 
+    async def prefill_leg(self, prompt: list[int]) -> float:
+        """Seconds of a request as a gateway's prefill leg is sent: ``max_tokens`` 1, not
+        streamed, to the engine (a KV-producer engine streams its one token only after its
+        connector has saved the KV, about 1 s later with vLLM's ExampleConnector)."""
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "stream": False,
+        }
+        self.requests += 1
+        t0 = time.perf_counter()
+        url = f"{self.cfg.url}/v1/completions"
+        r = await self.client.post(url, json.dumps(body).encode(), None)
+        data = b"".join([part async for part in r.aiter_raw()])
+        if r.status_code != 200:
+            why = data[:200].decode(errors="replace")
+            raise ProfileError(f"prefill leg of {len(prompt)} tokens: HTTP {r.status_code} {why}")
+        return time.perf_counter() - t0
+
     async def handoff(self) -> tuple[HandoffSample, ...]:
-        """Per length and sample, a fresh prompt straight to the engine (``max_tokens`` 1)
-        and another through ``cfg.handoff_url`` (``max_tokens`` 2, so the decode engine
-        yields the first token); one unmeasured round first (a CPU engine meets each shape
-        once)."""
+        """Per length and sample, a fresh prompt straight to the engine as a prefill leg
+        (:meth:`prefill_leg`) and another through ``cfg.handoff_url`` (``max_tokens`` 2,
+        streamed: the decode engine yields the first token); one unmeasured round first (a
+        CPU engine meets each shape once)."""
         via = self.cfg.handoff_url
         assert via is not None
         out: list[HandoffSample] = []
         for k in range(self.cfg.handoff_samples + 1):
             for n in self.cfg.handoff_lengths:
-                prefill_s, _ = await self.ttft(self.fresh_prompt(n))
+                prefill_s = await self.prefill_leg(self.fresh_prompt(n))
                 r = await self.send(self.fresh_prompt(n), 2, via=via)
                 assert r.first_token_s is not None
                 if k > 0:
