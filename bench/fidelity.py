@@ -33,11 +33,11 @@ thread on its own core as above), the gateway given those roles, the simulator r
 policy (conductor) unless ``--policies`` says otherwise; vLLM only (no emulated P/D).
 Between 3. and 4.: the hand-off probe (``fidelity_cluster.handoff_probe``, one request at
 a time, a few prompt lengths): TTFT through the gateway minus the prefill engine's own time,
-fitted as ``latency + s_per_token * tokens``; the cost file's ``[transfer]`` (``conductor profile``
-without ``--handoff-url`` writes option values there, not measurements) is set from that fit, and that file is the
-one the gateway and the simulator use. Compared: the simulator as it is (its TTFT ends with
-the prefill), and its TTFT plus the fitted hand-off. The doc's "P/D scenario" section is
-rewritten; the rest of the doc is left alone.
+fitted as ``latency + s_per_token * tokens``; the cost file's ``[transfer]`` (``conductor
+profile`` without ``--handoff-url`` writes option values there, not measurements) is set
+from that fit, and that file is the one the gateway and the simulator use. Compared: the
+simulator as it is (its TTFT ends with the prefill), and its TTFT plus the fitted
+hand-off. The doc's "P/D scenario" section is rewritten; the rest of the doc is left alone.
 
 Everything shares this machine's cores; the doc says what else was running.
 """
