@@ -4,7 +4,6 @@ and that ``simulate --cost-file`` runs with."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,29 +12,18 @@ from typer.testing import CliRunner
 
 from conductor.cli.main import app
 from conductor.core.cost_file import parse_cost_file
-from conductor.demo.tokenizer import make_tokenizer
 from conductor.emulator.config import EmulatorConfig
 from conductor.hf.tokenizer import HfTokenizer
 from conductor.profiling.measure import cached_prefix
 from tests.emulator.helpers import EmulatorThread, running_emulator
+from tests.profiling.tiny_model import KV_BYTES_PER_TOKEN, write_model_dir
 
 runner = CliRunner()
-MODEL_CONFIG = {
-    "num_hidden_layers": 2,
-    "hidden_size": 256,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "vocab_size": 1024,
-}
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("model")
-    make_tokenizer(d)
-    (d / "config.json").write_text(json.dumps(MODEL_CONFIG))
-    return d
+    return write_model_dir(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +53,7 @@ def test_profile_writes_a_cost_file_that_round_trips(
     parsed = parse_cost_file(text)
     assert parsed.cost.name == "emu-profiled"
     assert parsed.block_size_tokens == 32
-    assert parsed.cost.model.kv_bytes_per_token == 2 * 2 * 2 * 64 * 2
+    assert parsed.cost.model.kv_bytes_per_token == KV_BYTES_PER_TOKEN
     m = parsed.measured
     assert m["served_model"] == "emulated"
     assert m["cached_tokens_from"] == "engine usage"

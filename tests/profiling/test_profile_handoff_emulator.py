@@ -6,7 +6,6 @@ hand-off fit must find that transfer again, written to the cost file's ``[transf
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,19 +16,10 @@ from conductor.cli.main import app
 from conductor.core.cost_file import cost_to_mapping, parse_cost_file, render_cost_file
 from conductor.core.costmodel import preset
 from conductor.demo.cluster import Cluster, free_ports
-from conductor.demo.tokenizer import make_tokenizer
+from tests.profiling.tiny_model import KV_BYTES_PER_TOKEN, write_model_dir
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
-MODEL_CONFIG = {  # the profiled model: 2 layers x 2 KV heads x 64 x (K, V) x 2 bytes
-    "num_hidden_layers": 2,
-    "hidden_size": 256,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "vocab_size": 1024,
-}
-PROFILED_KV_BYTES = 2 * 2 * 64 * 2 * 2
 # the engines' own cost model: llama3-8b's KV (131,072 bytes a token) over 100 MB/s, 1.3 ms a
 # token, so the hand-off of a 512-token prompt takes 0.67 s and dwarfs the HTTP overheads
 ENGINE_COST = preset("llama3-8b-h100").with_(
@@ -41,9 +31,7 @@ SECONDS_PER_TOKEN = ENGINE_COST.kv_bytes_per_token / 1e8
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str, str]]:
     work = tmp_path_factory.mktemp("handoff")
-    tok = work / "model"
-    make_tokenizer(tok)
-    (tok / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    tok = write_model_dir(work / "model")
     cost_file = work / "engine-cost.toml"
     cost_file.write_text(render_cost_file(cost_to_mapping(ENGINE_COST, block_size_tokens=32)))
     cluster = Cluster(work)
@@ -96,7 +84,7 @@ def test_profile_measures_the_hand_off_and_writes_the_transfer(
     # the fit finds the engines' transfer: 1.31 ms a token (loose: one run on a shared box)
     assert 0.7 * SECONDS_PER_TOKEN < s_per_token < 1.3 * SECONDS_PER_TOKEN
     cost = parsed.cost
-    assert cost.transfer_bytes_per_s == pytest.approx(PROFILED_KV_BYTES / s_per_token)
+    assert cost.transfer_bytes_per_s == pytest.approx(KV_BYTES_PER_TOKEN / s_per_token)
     # the engines move (n - 1) // 32 whole blocks and compute the rest: the line crosses
     # zero about one block's transfer time (42 ms) below the fixed cost; below 0 reads as 0
     assert cost.transfer_latency_s == pytest.approx(max(0.0, latency_s))
