@@ -1,5 +1,6 @@
 """Late binding (``conductor.core.late_binding``): requests held until the cluster can start
-them, released in deadline order with their TTFT budget reduced by the wait.
+them, released in deadline order (``PLAIN``) or shortest prefill first with aging and a
+deadline guard (``age_weight``), with their TTFT budget reduced by the wait.
 
 Cost model (helpers): prefill 1 ms per new token, decode step 10 ms + 1 ms per request,
 transfer 10 us per token, KV capacity 100,000 tokens.
@@ -7,12 +8,18 @@ transfer 10 us per token, KV capacity 100,000 tokens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 
 from conductor.core.late_binding import HoldQueue, late_binding_of
-from conductor.core.late_binding_rule import CLAIM_LAG_FLOOR_S, LateBinding, claim_lag_s
+from conductor.core.late_binding_rule import (
+    CLAIM_LAG_FLOOR_S,
+    HOLD_AGE_WEIGHT,
+    LateBinding,
+    claim_lag_s,
+)
 from conductor.core.plan import Plan, Rejection
 from conductor.core.types import RequestId
 
@@ -23,14 +30,19 @@ PLAIN = LateBinding(horizon_s=0.0, decode_aware=False, nic_aware=False)
 
 def test_conductor_brings_late_binding_and_a_run_can_switch_it_off() -> None:
     on = make_conductor(1, 1, policy="conductor")
-    assert late_binding_of(on) == LateBinding(0.0, True, 0.1, True)
+    assert late_binding_of(on) == LateBinding(0.0, True, 0.1, True, HOLD_AGE_WEIGHT)
+    fifo = {"late_binding_age_weight": math.inf}
+    by_deadline = make_conductor(1, 1, policy="conductor", policy_params=fifo)
+    assert late_binding_of(by_deadline) == LateBinding(0.0, True, 0.1, True, math.inf)
     off = make_conductor(1, 1, policy="conductor", policy_params={"late_binding": 0.0})
     assert late_binding_of(off) is None
     wide = make_conductor(1, 1, policy="conductor", policy_params={"late_binding_horizon_s": 2.0})
-    assert late_binding_of(wide) == LateBinding(2.0, True, 0.1, True)
+    assert late_binding_of(wide) == LateBinding(2.0, True, 0.1, True, HOLD_AGE_WEIGHT)
     assert late_binding_of(make_conductor(1, 1, policy="mooncake")) is None
     with pytest.raises(ValueError, match="horizon_s"):
         LateBinding(-1.0)
+    with pytest.raises(ValueError, match=r"age_weight must be >= 0, got -0\.1"):
+        LateBinding(0.0, age_weight=-0.1)
 
 
 def test_a_request_waits_until_the_instance_is_predicted_free() -> None:
@@ -224,3 +236,66 @@ def test_withdrawing_the_head_clears_its_give_up_time() -> None:
     order = [d.request_id for t in (0.0, 0.04, 0.08, 0.12, 0.16) for d in q.release(t)]
     assert order == ["s5", "s4", "s2", "s1", "s0"]  # one per 40 ms prefill of p0
     assert len(q) == 0
+
+
+AGED = LateBinding(horizon_s=0.0, decode_aware=False, nic_aware=False, age_weight=0.2)
+
+
+def test_with_an_age_weight_the_shortest_prefill_goes_first() -> None:
+    """r1 occupies p0 until 0.04. Held behind it: r2 (400 tokens: 0.4 s, key 0.4 + 0.2 *
+    30 = 6.4), then r3 (40 tokens: key 0.04 + 0.2 * 30.001 = 6.0402) and r4 (100 tokens,
+    key 6.1004). At 0.04 r3 goes, at 0.08 r4, at 0.18 r2: shortest first. In deadline order
+    (``PLAIN``) the same queue releases r2 first."""
+    for rule, expected in ((AGED, ["r3", "r4", "r2"]), (PLAIN, ["r2", "r3", "r4"])):
+        c = make_conductor(1, 1, policy="conductor")
+        q = HoldQueue(c, rule)
+        q.submit(req("r1", hashes(), 40), 0.0)
+        for rid, n, t in (("r2", 400, 0.0), ("r3", 40, 0.001), ("r4", 100, 0.002)):
+            assert q.submit(req(rid, hashes(), n), t) == []
+        order: list[str] = []
+        while len(q):
+            (d,) = q.release(c.instances[iid("p0")].prefill.busy_until_s)
+            assert isinstance(d, Plan)
+            order.append(d.request_id)
+        assert order == expected
+
+
+def test_waiting_earns_priority_at_the_age_weight() -> None:
+    """r2 (400 tokens, key 0.4 + 0.2 * 30) waited 2 s when r3 arrives (40 tokens, key 0.04
+    + 0.2 * 32 = 6.44 > 6.4): r2 has earned its 0.36 s of extra prefill and goes first."""
+    c = make_conductor(1, 1, policy="conductor")
+    q = HoldQueue(c, AGED)
+    q.submit(req("r1", hashes(), 3000), 0.0)  # p0 busy until 3.0
+    assert q.submit(req("r2", hashes(), 400), 0.0) == []
+    assert q.submit(req("r3", hashes(), 40), 2.0) == []
+    (first,) = q.release(3.0)
+    assert isinstance(first, Plan) and first.request_id == "r2"
+
+
+def test_the_earliest_deadline_goes_first_when_it_would_miss_waiting_behind_a_shorter_one() -> None:
+    """TTFT SLO 1 s. r1 occupies p0 until 0.5; r2 (400 tokens, deadline 1.0) and r3 (40
+    tokens, deadline 1.1, the smaller key) wait. At 0.5 r3 first would start r2 at 0.54:
+    0.54 + 0.4 s of prefill <= 1.0, so r3 goes. With r2's deadline at 0.9 (own SLO) it
+    would miss (0.94 > 0.9): r2 goes first."""
+    for slo, expected in ((1.0, "r3"), (0.9, "r2")):
+        c = make_conductor(1, 1, policy="conductor", admission="early", ttft_slo_s=1.0)
+        q = HoldQueue(c, AGED)
+        q.submit(req("r1", hashes(), 500), 0.0)
+        assert q.submit(replace(req("r2", hashes(), 400), ttft_slo_s=slo), 0.0) == []
+        assert q.submit(req("r3", hashes(), 40), 0.1) == []
+        (first,) = q.release(0.5)
+        assert isinstance(first, Plan) and first.request_id == expected
+
+
+def test_a_withdrawn_request_leaves_both_orders() -> None:
+    """Ordered by key, the queue keeps a second, deadline order for its guard: a withdrawn
+    request (here the earliest deadline, r2) leaves both, and the rest go shortest first."""
+    c = make_conductor(1, 1, policy="conductor")
+    q = HoldQueue(c, AGED)
+    q.submit(req("r1", hashes(), 40), 0.0)
+    for rid, n, t in (("r2", 400, 0.0), ("r3", 100, 0.001), ("r4", 40, 0.002)):
+        assert q.submit(req(rid, hashes(), n), t) == []
+    assert q.withdraw(RequestId("r2")) is True and len(q) == 2
+    assert q.withdraw(RequestId("r2")) is False
+    order = [d.request_id for t in (0.04, 0.08) for d in q.release(t)]
+    assert order == ["r4", "r3"] and len(q) == 0 and q.wakeup_s(0.08) is None

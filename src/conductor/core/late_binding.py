@@ -9,8 +9,12 @@ the cluster's state may have changed (a prefill or a request ended) or the time
 :meth:`HoldQueue.wakeup_s` named has come, and carries out the decisions they return;
 :meth:`HoldQueue.withdraw` drops a held request whose client went away.
 
-A held request is released, in order of its deadline (arrival + its TTFT SLO; with one SLO
-for all, arrival order, so nothing starves), once
+The queue's order (``age_weight``, ``a``): by ``prefill_s + a * deadline_s`` — shortest
+full-prompt prefill first, each second waited worth ``a`` seconds of prefill, so a long
+prompt is overtaken by shorter ones for at most ``prefill_s / a`` — except that the request
+with the earliest deadline (arrival + its TTFT SLO) goes first whenever it would miss that
+deadline waiting behind the first by key. ``a = inf``: deadline order (with one SLO for all,
+arrival order). The request the order names next is released once
 
 * some prefill instance's predicted backlog is below ``horizon_s`` (the instance will be
   idle within the horizon: the request would not start earlier if it were queued there
@@ -39,7 +43,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from conductor.core.late_binding_rule import LateBinding
@@ -72,19 +76,25 @@ def late_binding_of(scheduler: Scheduler) -> LateBinding | None:
         bool(params.get("late_binding_decode_aware", float(rule.decode_aware))),
         params.get("late_binding_tbt_margin", rule.tbt_margin),
         bool(params.get("late_binding_nic_aware", float(rule.nic_aware))),
+        params.get("late_binding_age_weight", rule.age_weight),
     )
 
 
 @dataclass(order=True, slots=True)
 class _Held:
-    deadline_s: float
+    key: float
+    """The queue's order: ``prefill_s + age_weight * deadline_s`` (deadline order: the
+    deadline)."""
     seq: int
-    arrival_s: float
-    request: Request
+    deadline_s: float = field(compare=False)
+    arrival_s: float = field(compare=False)
+    prefill_s: float = field(compare=False)
+    request: Request = field(compare=False)
+    live: bool = field(default=True, compare=False)
 
 
 class HoldQueue:
-    """Requests waiting to be placed, earliest deadline first."""
+    """Requests waiting to be placed, in the rule's order (see the module docstring)."""
 
     def __init__(
         self, scheduler: Scheduler, rule: LateBinding, claim: tuple[int, int, float] = (0, 1, 0.0)
@@ -95,12 +105,18 @@ class HoldQueue:
         """``(k, n, lag_s)``: this is replica ``k`` of ``n`` (see :meth:`_claim_offsets`); a
         shell whose membership changes sets it anew."""
         self._offsets: tuple[object, tuple[int, int, float], dict[InstanceId, float]] | None = None
-        self._heap: list[_Held] = []
+        self._heap: list[_Held] = []  # by key; withdrawn and released entries linger dead
+        self._by_deadline: list[tuple[float, int, _Held]] = []  # only when ordered by key
+        self._live = 0
         self._seq = 0
         self._give_up_s: float | None = None  # when the held head must go, decode or not
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return self._live
+
+    @property
+    def _by_age(self) -> bool:
+        return not math.isinf(self.rule.age_weight)
 
     def _slo(self, request: Request) -> float:
         return request.ttft_slo_s or self.scheduler.config.ttft_slo_s
@@ -109,34 +125,64 @@ class HoldQueue:
         """Hold ``request`` (arrived at ``now_s``); returns what can be released now."""
         self.scheduler.validate(request)
         self._seq += 1
-        heapq.heappush(self._heap, _Held(now_s + self._slo(request), self._seq, now_s, request))
+        deadline = now_s + self._slo(request)
+        if self._by_age:
+            prefill = self.scheduler.cost.prefill_s(request.prompt_tokens, 0)
+            held = _Held(
+                prefill + self.rule.age_weight * deadline,
+                self._seq,
+                deadline,
+                now_s,
+                prefill,
+                request,
+            )
+            heapq.heappush(self._by_deadline, (deadline, self._seq, held))
+        else:
+            held = _Held(deadline, self._seq, deadline, now_s, 0.0, request)
+        heapq.heappush(self._heap, held)
+        self._live += 1
         return self.release(now_s)
 
     def withdraw(self, request_id: RequestId) -> bool:
         """Take a held request out of the queue without a decision (its client went away);
         False when it is not held (placed or rejected already, or never submitted)."""
-        heap = self._heap
-        i = next((j for j, h in enumerate(heap) if h.request.request_id == request_id), -1)
-        if i < 0:
+        held = next((h for h in self._heap if h.live and h.request.request_id == request_id), None)
+        if held is None:
             return False
-        if i == 0:
-            self._give_up_s = None  # that was the head's deadline
-        last = heap.pop()
-        if i < len(heap):
-            heap[i] = last
-            heapq.heapify(heap)
+        urgent = self._by_deadline[0][2] if self._by_deadline else None
+        if held is self._heap[0] or held is urgent:
+            self._give_up_s = None  # that was the held head's
+        self._remove(held)
         return True
+
+    def _remove(self, held: _Held) -> None:
+        held.live = False
+        self._live -= 1
+        self._prune()
+
+    def _prune(self) -> None:
+        heap, by_deadline = self._heap, self._by_deadline
+        while heap and not heap[0].live:
+            heapq.heappop(heap)
+        while by_deadline and not by_deadline[0][2].live:
+            heapq.heappop(by_deadline)
 
     def free_at_s(self) -> float | None:
         """When the first prefill instance is predicted free: its compute queue done and,
         with ``nic_aware``, its egress done sending the KV it is due to (a prefill instance
         whose compute outruns its NIC is not free); None without prefill instances."""
+        free = self._free_times()
+        return None if free is None else free[0]
+
+    def _free_times(self) -> tuple[float, float] | None:
+        """When the first and the second prefill instance are predicted free (see
+        :meth:`free_at_s`; the second is ``inf`` with one instance)."""
         prefill_pool, _ = self.scheduler.pools()
         if not prefill_pool:
             return None
         offsets = self._claim_offsets(prefill_pool)
         nic = self.scheduler.nic if self.rule.nic_aware else None
-        best = math.inf
+        best = second = math.inf
         for inst in prefill_pool:
             t = inst.prefill.busy_until_s
             iid = inst.spec.instance_id
@@ -147,8 +193,10 @@ class HoldQueue:
             if offsets is not None:
                 t += offsets[iid]
             if t < best:
-                best = t
-        return best
+                best, second = t, best
+            elif t < second:
+                second = t
+        return best, second
 
     def _claim_offsets(self, pool: list[InstanceState]) -> dict[InstanceId, float] | None:
         """With several replicas (``claim = (k, n, lag_s)``: this is replica ``k`` of ``n``,
@@ -180,19 +228,19 @@ class HoldQueue:
         the most urgent request). The check and the decision are one placement
         (:meth:`~conductor.core.scheduler.Scheduler.prepare`, then ``decide``)."""
         out: list[Decision] = []
-        heap = self._heap
         sched = self.scheduler
-        while heap:
-            backlog = self.min_backlog_s(now_s)
-            if backlog is None:
+        while self._live:
+            free = self._free_times()
+            if free is None:
                 break  # no prefill instance: keep holding (the gateway would 503 instead)
-            head = heap[0]
+            backlog = free[0] - now_s if free[0] > now_s else 0.0
+            head = self._next(now_s, free)
             slo = self._slo(head.request)
             budget = slo - (now_s - head.arrival_s)
             if backlog > self.rule.horizon_s + _EPS_S and budget > backlog:
                 break
             if budget <= 0.0:
-                heapq.heappop(heap)
+                self._remove(head)
                 rid = head.request.request_id
                 why = f"waited {slo - budget:.3f}s, past its TTFT SLO"
                 out.append(Rejection(rid, "ttft_slo", why))
@@ -200,18 +248,35 @@ class HoldQueue:
             # CPP only when nobody else waits: with requests held the cluster is busy, and
             # its instances look idle only because the queue is here (CPP's helpers must be)
             prepared = sched.prepare(
-                replace(head.request, ttft_slo_s=budget), now_s, cpp=len(heap) == 1
+                replace(head.request, ttft_slo_s=budget), now_s, cpp=self._live == 1
             )
             if isinstance(prepared, Rejection):
-                heapq.heappop(heap)
+                self._remove(head)
                 out.append(prepared)
                 continue
             if self.rule.decode_aware and not self._decode_fits(prepared, now_s, budget):
                 break
-            heapq.heappop(heap)
+            self._remove(head)
             self._give_up_s = None
             out.append(sched.decide(prepared))
         return out
+
+    def _next(self, now_s: float, free: tuple[float, float]) -> _Held:
+        """The request the queue considers next: the first by key, unless the one with the
+        earliest deadline would miss its TTFT SLO waiting behind it (for the instance free
+        after the first, or for the first once that one's prefill is done; full-prompt
+        prefill times): then that one."""
+        first = self._heap[0]
+        if not self._by_age:
+            return first
+        urgent = self._by_deadline[0][2]
+        if urgent is first:
+            return first
+        f1, f2 = free
+        start = min(f2, max(f1, now_s) + first.prefill_s)
+        if urgent.deadline_s <= start + urgent.prefill_s:
+            return urgent
+        return first
 
     def _decode_fits(self, prepared: Prepared, now_s: float, budget_s: float) -> bool:
         pre, dec = prepared.pre, prepared.dec
@@ -240,7 +305,7 @@ class HoldQueue:
         """When the head may be released without any event: the earliest time a prefill
         instance's predicted backlog drops below the horizon (None: nothing held, or only
         an event can change it)."""
-        if not self._heap:
+        if not self._live:
             return None
         free = self.free_at_s()
         if free is None:

@@ -3,6 +3,7 @@ plain value, so that policies can name it without importing the scheduler."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -14,11 +15,21 @@ class LateBinding:
     decode_aware: bool = True
     tbt_margin: float = 0.0
     nic_aware: bool = True
+    age_weight: float = math.inf
+    """How the queue orders what it holds: by ``prefill_s + age_weight * deadline_s``
+    (a request's full-prompt prefill time, and its deadline); ``inf``: deadline order."""
 
     def __post_init__(self) -> None:
         if not self.horizon_s >= 0.0:
             raise ValueError(f"horizon_s must be >= 0, got {self.horizon_s}")
+        if not self.age_weight >= 0.0:
+            raise ValueError(f"age_weight must be >= 0, got {self.age_weight}")
 
+
+HOLD_AGE_WEIGHT = 0.2
+"""``conductor``'s hold-queue order (:attr:`LateBinding.age_weight`): shortest prefill first,
+a second of waiting worth 0.2 s of prefill. Chosen on generated workloads (``conductor trace
+synth``, seed 7; docs/policies.md), not on the traces the results are reported on."""
 
 CLAIM_LAG_FLOOR_S = 0.010
 """The least stagger between replicas claiming a freed prefill instance (see

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from conductor.core.late_binding_rule import LateBinding
+from conductor.core.late_binding_rule import HOLD_AGE_WEIGHT, LateBinding
 from conductor.core.policies.base import DecodeChoice, PrefillChoice, SchedulingContext
 from conductor.core.policies.decode import least_tbt
 from conductor.core.policies.first_interval import first_interval_tbt
@@ -43,7 +43,9 @@ from conductor.core.state import InstanceState
 class ConductorPolicy:
     name: ClassVar[str] = "conductor"
     config_defaults: ClassVar[dict[str, object]] = {"admission": "early", "cpp_enabled": True}
-    late_binding: ClassVar[LateBinding] = LateBinding(horizon_s=0.0, tbt_margin=0.1)
+    late_binding: ClassVar[LateBinding] = LateBinding(
+        horizon_s=0.0, tbt_margin=0.1, age_weight=HOLD_AGE_WEIGHT
+    )
 
     def choose_prefill(self, ctx: SchedulingContext) -> PrefillChoice:
         """``argmin_i min(TTFT_local(i), TTFT_fetch(i))`` with the tie-break above.
