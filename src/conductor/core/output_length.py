@@ -70,6 +70,7 @@ class LengthHistogram:
         "_counts",
         "_dirty",
         "_mean",
+        "_quantiles",
         "_suffix",
         "_sums",
         "_total",
@@ -96,6 +97,7 @@ class LengthHistogram:
         self._suffix: list[tuple[float, float]] = []
         self._mean = 0.0
         self._dirty = True
+        self._quantiles: dict[float, float] = {}  # q -> uncapped quantile, until a change
         self._add(prior_tokens, prior_weight)
 
     def _bucket(self, tokens: float) -> int:
@@ -111,6 +113,7 @@ class LengthHistogram:
         self._sums[k] += weight * tokens
         self._total += weight
         self._dirty = True
+        self._quantiles.clear()
 
     def observe(self, rid: RequestId, tokens: int) -> None:
         """A request finished after generating ``tokens`` (>= 1)."""
@@ -150,14 +153,22 @@ class LengthHistogram:
         return ((suffix[0][1] - s_hi) + cap * w_hi) / total
 
     def quantile(self, q: float, cap: float = math.inf) -> float:
-        """The ``q``-quantile of ``min(L, cap)`` (the mean of the bucket it falls in)."""
+        """The ``q``-quantile of ``min(L, cap)`` (the mean of the bucket it falls in;
+        memoised per ``q`` until the next observation)."""
+        v = self._quantiles.get(q)
+        if v is None:
+            v = self._quantiles[q] = self._quantile(q)
+        return min(v, cap)
+
+    def _quantile(self, q: float) -> float:
         target = q * self._total
         seen = 0.0
         for k, c in enumerate(self._counts):
             seen += c
             if c > 0 and seen >= target:
-                return min(self._sums[k] / c, cap)
-        return min(self._mean, cap)
+                return self._sums[k] / c
+        self._tables()  # brings the mean up to date
+        return self._mean
 
     def remaining(self, rid: RequestId, generated: float, cap: int) -> float:
         """``E[min(L, cap) - g | L > g]`` for ``g = generated`` (at least one token); past

@@ -37,6 +37,7 @@ from conductor.core.policies.decode import least_tbt
 from conductor.core.policies.first_interval import first_interval_tbt
 from conductor.core.policies.registry import register
 from conductor.core.state import InstanceState
+from conductor.core.types import InstanceId
 
 
 @register
@@ -63,6 +64,15 @@ class ConductorPolicy:
         winner: InstanceState | None = None
         winner_key = (0.0, 0.0, 0)
         winner_fetches = False
+        # a fetch's NIC wait (NicBook.wait_s, inlined): the source is the first holder of
+        # the best prefix that is not the target; transfers requested by now are booked
+        # before the first wait is read
+        nic = ctx.nic
+        out_free: dict[InstanceId, float] = {}
+        in_free: dict[InstanceId, float] = {}
+        booked = nic is None
+        first_holder = holders[0] if holders else None
+        second_holder = holders[1] if len(holders) > 1 else None
         for inst in ctx.prefill_pool:
             spec = inst.spec
             iid = spec.instance_id
@@ -71,11 +81,25 @@ class ConductorPolicy:
             if est is None:
                 est = estimates[k] = _estimate(ctx, best_tokens, *k)
             local, fetch = est
+            queue = inst.prefill.queue_s(now)
             if fetch < local:  # the NIC wait (>= 0) matters only to a fetch that can win
-                fetch += ctx.nic_wait_s(ctx.fetch_source(iid), iid)
+                if not booked:
+                    assert nic is not None
+                    if nic.pending and nic.pending[0][0] <= now:
+                        nic.release(now)
+                    out_free, in_free = nic.out_free_s, nic.in_free_s
+                    booked = True
+                if winner is not None and queue + fetch > winner_key[0]:
+                    continue  # loses, whatever its wait (local >= fetch here)
+                src = first_holder if first_holder != iid else second_holder
+                if src is not None:
+                    a = out_free.get(src, 0.0)
+                    b = in_free.get(iid, 0.0)
+                    free = a if a > b else b
+                    if free > now:
+                        fetch += free - now
             fetches = fetch < local
             rest = fetch if fetches else local
-            queue = inst.prefill.queue_s(now)
             key = (queue + rest, queue, inst.prefill.queued_tokens)
             if winner is None or key < winner_key:
                 winner, winner_key, winner_fetches = inst, key, fetches

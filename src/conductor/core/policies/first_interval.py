@@ -38,7 +38,7 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
     factor = tbt_factor(out.mean)
     per_tail = 2.0 * (factor - 1.0)  # 1 / k
     cost = ctx.cost
-    step_s = cost.decode_step_s
+    step_s = cost.decode.step_s  # cost.decode_step_s without its call
     nic = ctx.nic
     end = ctx.now_s + prefill.ttft_s
     start = end - prefill.prefill_s
