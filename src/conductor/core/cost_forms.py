@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -60,11 +60,28 @@ class RooflinePrefill:
     hardware: HardwareSpec
     mfu: float = 0.375
     overhead_s: float = 0.011
+    _terms: tuple[float, float, float, float] = field(
+        init=False, repr=False, compare=False, default=(0.0, 0.0, 0.0, 0.0)
+    )
+    """``model.prefill_flops``'s factors and the divisor, computed once (the same floats,
+    in the same order of operations)."""
+
+    def __post_init__(self) -> None:
+        m = self.model
+        terms = (
+            2.0 * m.linear_params,
+            2.0 * m.hidden * m.vocab,
+            2.0 * m.layers * m.q_heads * m.head_dim,
+            self.hardware.peak_flops * self.mfu,
+        )
+        object.__setattr__(self, "_terms", terms)
 
     def time_s(self, prompt_tokens: int, cached_tokens: int) -> float:
         p = _check_lengths(prompt_tokens, cached_tokens)
-        f = self.model.prefill_flops(prompt_tokens, p)
-        return self.overhead_s + f / (self.hardware.peak_flops * self.mfu)
+        lin, head, attn, per_s = self._terms
+        n = prompt_tokens
+        f = lin * (n - p) + head + attn * (n * (n + 1) - p * (p + 1))
+        return self.overhead_s + f / per_s
 
     @classmethod
     def fit(
