@@ -4,7 +4,8 @@
 
 For each workload: the best peer under the same settings (every policy but ``conductor``,
 early admission, CPP off), ``conductor`` under those settings, and ``conductor`` with its own
-bundle (early + CPP), by goodput (requests meeting both SLOs per second).
+bundle (early + CPP), by goodput (requests meeting both SLOs per second); and the peer with
+the lowest mean TTFT under the same settings (issue 13 asks for both).
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ def _row(r: dict[str, object]) -> str:
 
 def main() -> None:
     print(
-        "| workload | best peer | `conductor`, same settings | margin | `conductor`, own bundle |"
+        "| workload | best peer | `conductor`, same settings | margin | `conductor`, own bundle"
+        " | lowest peer mean TTFT |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for label, stem in WORKLOADS:
         path = R / f"{stem}.json"
         if not path.exists():
@@ -49,11 +51,13 @@ def main() -> None:
         same = [r for r in rows if r["policy"] == "conductor" and not r.get("bundle")]
         own = [r for r in rows if r["policy"] == "conductor" and r.get("bundle")]
         best = max(peers, key=lambda r: r["goodput_rps"])
+        fastest = min(peers, key=lambda r: r["ttft_s"]["mean"])
         c = same[0]
         margin = c["goodput_rps"] / best["goodput_rps"] - 1
         own_s = _row(own[0]) if own else "-"
         print(
-            f"| {label} | `{best['policy']}` {_row(best)} | {_row(c)} | {margin:+.1%} | {own_s} |"
+            f"| {label} | `{best['policy']}` {_row(best)} | {_row(c)} | {margin:+.1%} | {own_s} "
+            f"| `{fastest['policy']}` {fastest['ttft_s']['mean']:.2f} s |"
         )
 
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pytest
 
+from conductor.core.events import BlocksStored
 from conductor.core.late_binding import HoldQueue, late_binding_of
 from conductor.core.late_binding_rule import (
     CLAIM_LAG_FLOOR_S,
@@ -21,7 +22,7 @@ from conductor.core.late_binding_rule import (
     claim_lag_s,
 )
 from conductor.core.plan import Plan, Rejection
-from conductor.core.types import RequestId
+from conductor.core.types import RequestId, Tier
 
 from .helpers import hashes, iid, make_conductor, req
 
@@ -299,3 +300,20 @@ def test_a_withdrawn_request_leaves_both_orders() -> None:
     assert q.withdraw(RequestId("r2")) is False
     order = [d.request_id for t in (0.04, 0.08) for d in q.release(t)]
     assert order == ["r4", "r3"] and len(q) == 0 and q.wakeup_s(0.08) is None
+
+
+def test_a_cached_prefix_counts_in_the_queue_order() -> None:
+    """Block size 4. r3 (40 uncached tokens, key 0.04 + 0.2 * 30 = 6.04) arrives first;
+    r2 (400 tokens, all 100 blocks cached on p0: only the last token is computed, 1 ms,
+    key 0.001 + 0.2 * 30.001 = 6.0012) overtakes it. Counted uncached (0.4 s) r2 would
+    wait, and so it would in deadline order."""
+    c = make_conductor(1, 1, policy="conductor")
+    chain = hashes(*range(100))
+    c.on_event(BlocksStored(iid("p0"), chain, Tier.DRAM))
+    q = HoldQueue(c, AGED)
+    q.submit(req("r1", hashes(), 40), 0.0)
+    assert q.submit(req("r3", hashes(), 40), 0.0) == []
+    assert q.submit(req("r2", chain, 400), 0.001) == []
+    (first,) = q.release(0.04)
+    assert isinstance(first, Plan) and first.request_id == "r2"
+    assert first.local_tokens == 399

@@ -10,11 +10,12 @@ the cluster's state may have changed (a prefill or a request ended) or the time
 :meth:`HoldQueue.withdraw` drops a held request whose client went away.
 
 The queue's order (``age_weight``, ``a``): by ``prefill_s + a * deadline_s`` — shortest
-full-prompt prefill first, each second waited worth ``a`` seconds of prefill, so a long
-prompt is overtaken by shorter ones for at most ``prefill_s / a`` — except that the request
-with the earliest deadline (arrival + its TTFT SLO) goes first whenever it would miss that
-deadline waiting behind the first by key. ``a = inf``: deadline order (with one SLO for all,
-arrival order). The request the order names next is released once
+prefill first (predicted at arrival, reusing the longest prefix any instance holds then),
+each second waited worth ``a`` seconds of prefill, so a long prefill is overtaken by shorter
+ones for at most ``prefill_s / a`` — except that the request with the earliest deadline
+(arrival + its TTFT SLO) goes first whenever it would miss that deadline waiting behind the
+first by key (with the same predicted prefill times). ``a = inf``: deadline order (with one
+SLO for all, arrival order). The request the order names next is released once
 
 * some prefill instance's predicted backlog is below ``horizon_s`` (the instance will be
   idle within the horizon: the request would not start earlier if it were queued there
@@ -127,7 +128,7 @@ class HoldQueue:
         self._seq += 1
         deadline = now_s + self._slo(request)
         if self._by_age:
-            prefill = self.scheduler.cost.prefill_s(request.prompt_tokens, 0)
+            prefill = self._prefill_s(request)
             held = _Held(
                 prefill + self.rule.age_weight * deadline,
                 self._seq,
@@ -142,6 +143,14 @@ class HoldQueue:
         heapq.heappush(self._heap, held)
         self._live += 1
         return self.release(now_s)
+
+    def _prefill_s(self, request: Request) -> float:
+        """The request's prefill time reusing the longest prefix any instance holds now
+        (the best it could get, locally or by a fetch), for its place in the queue."""
+        sched = self.scheduler
+        blocks = sched.index.match(request.block_hashes).best_blocks
+        cached = min(blocks * sched.config.block_size_tokens, request.prompt_tokens - 1)
+        return sched.cost.prefill_s(request.prompt_tokens, cached)
 
     def withdraw(self, request_id: RequestId) -> bool:
         """Take a held request out of the queue without a decision (its client went away);

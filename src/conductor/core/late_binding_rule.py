@@ -16,8 +16,9 @@ class LateBinding:
     tbt_margin: float = 0.0
     nic_aware: bool = True
     age_weight: float = math.inf
-    """How the queue orders what it holds: by ``prefill_s + age_weight * deadline_s``
-    (a request's full-prompt prefill time, and its deadline); ``inf``: deadline order."""
+    """How the queue orders what it holds: by ``prefill_s + age_weight * deadline_s`` (a
+    request's prefill time with the longest cached prefix at arrival, and its deadline);
+    ``inf``: deadline order."""
 
     def __post_init__(self) -> None:
         if not self.horizon_s >= 0.0:
@@ -27,9 +28,10 @@ class LateBinding:
 
 
 HOLD_AGE_WEIGHT = 0.2
-"""``conductor``'s hold-queue order (:attr:`LateBinding.age_weight`): shortest prefill first,
-a second of waiting worth 0.2 s of prefill. Chosen on generated workloads (``conductor trace
-synth``, seed 7; docs/policies.md), not on the traces the results are reported on."""
+"""``conductor``'s hold-queue order (:attr:`LateBinding.age_weight`): shortest prefill first
+(cached prefix counted), a second of waiting worth 0.2 s of prefill. Chosen on generated
+workloads (``conductor trace synth``, seed 7; docs/policies.md), not on the traces the
+results are reported on."""
 
 CLAIM_LAG_FLOOR_S = 0.010
 """The least stagger between replicas claiming a freed prefill instance (see
