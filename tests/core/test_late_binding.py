@@ -317,3 +317,24 @@ def test_a_cached_prefix_counts_in_the_queue_order() -> None:
     (first,) = q.release(0.04)
     assert isinstance(first, Plan) and first.request_id == "r2"
     assert first.local_tokens == 399
+
+
+def test_a_request_held_for_decode_room_does_not_hold_up_the_earliest_deadline() -> None:
+    """d0 has 60,000 of its 100,000 KV tokens reserved. r1 occupies p0 until 0.04; r2 (40
+    tokens) and r3 (50,000 tokens, all cached: key 0.001 + 0.2 * 30.001, below r2's 0.04 +
+    0.2 * 30) wait. At 0.04 r3 comes first by key but its KV does not fit on d0; r2, the
+    earliest deadline, goes instead, and r3 stays held until its budget runs out."""
+    c = make_conductor(1, 1, policy="conductor", admission="early")
+    chain = hashes(*range(12_500))
+    c.on_event(BlocksStored(iid("p0"), chain, Tier.DRAM))
+    c.instances[iid("d0")].decode.admit(RequestId("x"), 60_000, 0, started=True)
+    rule = LateBinding(0.0, decode_aware=True, nic_aware=False, age_weight=0.2)
+    q = HoldQueue(c, rule)
+    (r1,) = q.submit(req("r1", hashes(), 40), 0.0)
+    assert isinstance(r1, Plan)
+    assert q.submit(req("r2", hashes(), 40), 0.0) == []
+    assert q.submit(req("r3", chain, 50_000), 0.001) == []
+    (r2,) = q.release(0.04)
+    assert isinstance(r2, Plan) and r2.request_id == "r2"
+    assert len(q) == 1
+    assert q.wakeup_s(0.04) == pytest.approx(0.08)  # p0 free again after r2's 40 ms

@@ -15,7 +15,10 @@ each second waited worth ``a`` seconds of prefill, so a long prefill is overtake
 ones for at most ``prefill_s / a`` — except that the request with the earliest deadline
 (arrival + its TTFT SLO) goes first whenever it would miss that deadline waiting behind the
 first by key (with the same predicted prefill times). ``a = inf``: deadline order (with one
-SLO for all, arrival order). The request the order names next is released once
+SLO for all, arrival order). The request the order names next is released once the two
+conditions below hold; while the decode pool has no room for it, the request with the
+earliest deadline is tried in its place (a short prompt waiting for decode room must not
+hold up the most urgent request), and otherwise nothing overtakes it. It goes once
 
 * some prefill instance's predicted backlog is below ``horizon_s`` (the instance will be
   idle within the horizon: the request would not start earlier if it were queued there
@@ -60,6 +63,10 @@ if TYPE_CHECKING:  # the scheduler's policies import this module
 
 _EPS_S = 1e-9
 """Float slack when a wakeup at ``busy_until - horizon`` compares the backlog again."""
+
+_GONE, _WAIT, _BLOCKED = 0, 1, 2
+"""What :meth:`HoldQueue._attempt` did with a held request: placed or rejected it, or left
+it held because no prefill instance is free yet, or because the decode pool has no room."""
 
 
 def late_binding_of(scheduler: Scheduler) -> LateBinding | None:
@@ -232,49 +239,69 @@ class HoldQueue:
         return free - now_s if free > now_s else 0.0
 
     def release(self, now_s: float) -> list[Decision]:
-        """Schedule the held requests the cluster can start within the horizon, in
-        deadline order; the first that may not go yet stops the release (nothing overtakes
-        the most urgent request). The check and the decision are one placement
+        """Schedule the held requests the cluster can start within the horizon, in the
+        queue's order; the first that may not go yet stops the release — except that, when
+        the decode pool has no room for it, the request with the earliest deadline is tried
+        instead (with deadline order that is the same request: nothing overtakes the most
+        urgent one). The check and the decision are one placement
         (:meth:`~conductor.core.scheduler.Scheduler.prepare`, then ``decide``)."""
         out: list[Decision] = []
-        sched = self.scheduler
         while self._live:
             free = self._free_times()
             if free is None:
                 break  # no prefill instance: keep holding (the gateway would 503 instead)
             backlog = free[0] - now_s if free[0] > now_s else 0.0
             head = self._next(now_s, free)
-            slo = self._slo(head.request)
-            budget = slo - (now_s - head.arrival_s)
-            if backlog > self.rule.horizon_s + _EPS_S and budget > backlog:
+            outcome = self._attempt(head, now_s, backlog, out)
+            if outcome == _BLOCKED and self._by_age:
+                # a short request held for decode room must not hold up the most urgent one
+                urgent = self._by_deadline[0][2]
+                if urgent is not head:
+                    give_up = self._give_up_s
+                    outcome = self._attempt(urgent, now_s, backlog, out)
+                    if outcome == _BLOCKED and give_up is not None:
+                        assert self._give_up_s is not None
+                        self._give_up_s = min(give_up, self._give_up_s)
+            if outcome != _GONE:
                 break
-            if budget <= 0.0:
-                self._remove(head)
-                rid = head.request.request_id
-                why = f"waited {slo - budget:.3f}s, past its TTFT SLO"
-                out.append(Rejection(rid, "ttft_slo", why))
-                continue
-            # CPP only when nobody else waits: with requests held the cluster is busy, and
-            # its instances look idle only because the queue is here (CPP's helpers must be)
-            prepared = sched.prepare(
-                replace(head.request, ttft_slo_s=budget), now_s, cpp=self._live == 1
-            )
-            if isinstance(prepared, Rejection):
-                self._remove(head)
-                out.append(prepared)
-                continue
-            if self.rule.decode_aware and not self._decode_fits(prepared, now_s, budget):
-                break
-            self._remove(head)
-            self._give_up_s = None
-            out.append(sched.decide(prepared))
         return out
+
+    def _attempt(self, held: _Held, now_s: float, backlog: float, out: list[Decision]) -> int:
+        """Place or reject ``held`` now (``_GONE``, the decision appended to ``out``), or
+        say why not: ``_WAIT`` (no prefill instance free within the horizon) or ``_BLOCKED``
+        (no decode room yet; :meth:`_decode_fits` set the give-up time)."""
+        sched = self.scheduler
+        slo = self._slo(held.request)
+        budget = slo - (now_s - held.arrival_s)
+        if backlog > self.rule.horizon_s + _EPS_S and budget > backlog:
+            return _WAIT
+        if budget <= 0.0:
+            self._remove(held)
+            rid = held.request.request_id
+            why = f"waited {slo - budget:.3f}s, past its TTFT SLO"
+            out.append(Rejection(rid, "ttft_slo", why))
+            return _GONE
+        # CPP only when nobody else waits: with requests held the cluster is busy, and
+        # its instances look idle only because the queue is here (CPP's helpers must be)
+        prepared = sched.prepare(
+            replace(held.request, ttft_slo_s=budget), now_s, cpp=self._live == 1
+        )
+        if isinstance(prepared, Rejection):
+            self._remove(held)
+            out.append(prepared)
+            return _GONE
+        if self.rule.decode_aware and not self._decode_fits(prepared, now_s, budget):
+            return _BLOCKED
+        self._remove(held)
+        self._give_up_s = None
+        out.append(sched.decide(prepared))
+        return _GONE
 
     def _next(self, now_s: float, free: tuple[float, float]) -> _Held:
         """The request the queue considers next: the first by key, unless the one with the
         earliest deadline would miss its TTFT SLO waiting behind it (for the instance free
-        after the first, or for the first once that one's prefill is done; full-prompt
-        prefill times): then that one."""
+        after the first, or for the first once that one's prefill is done; the prefill times
+        predicted at arrival): then that one."""
         first = self._heap[0]
         if not self._by_age:
             return first
