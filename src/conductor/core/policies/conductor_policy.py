@@ -14,10 +14,10 @@ migration, lines 20-21).
 
 Decode: the lowest predicted TBT with the KV hand-off's tail in the first interval
 (:mod:`conductor.core.policies.first_interval`). Late binding (``late_binding``,
-:mod:`conductor.core.late_binding`): requests are held, earliest deadline first, until a
-prefill instance is predicted free (compute and NIC; horizon 0) and a decode instance is
-predicted within 90% of the TBT SLO; the shells (the simulator, the gateway) run the
-queue. Both were chosen on generated workloads only (docs/policies.md).
+:mod:`conductor.core.late_binding`): requests are held, shortest prefill first with aging
+and a deadline guard, until a prefill instance is predicted free (compute and NIC; horizon
+0) and a decode instance is predicted within 90% of the TBT SLO; the shells (the simulator,
+the gateway) run the queue. Both were chosen on generated workloads only (docs/policies.md).
 
 The rest of Conductor comes from the scheduler configuration that the shells build for this
 policy (``config_defaults``): early rejection against both SLOs (arXiv §7.2) and
