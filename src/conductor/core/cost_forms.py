@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from conductor.core.errors import InvalidInput
-from conductor.core.shapes import HardwareSpec, ModelSpec
+from conductor.core.shapes import HardwareSpec, ModelSpec, prefill_flops_of
 
 
 class PrefillModel(Protocol):
@@ -60,28 +60,18 @@ class RooflinePrefill:
     hardware: HardwareSpec
     mfu: float = 0.375
     overhead_s: float = 0.011
-    _terms: tuple[float, float, float, float] = field(
-        init=False, repr=False, compare=False, default=(0.0, 0.0, 0.0, 0.0)
+    _flop_factors: tuple[float, float, float] = field(
+        init=False, repr=False, compare=False, default=(0.0, 0.0, 0.0)
     )
-    """``model.prefill_flops``'s factors and the divisor, computed once (the same floats,
-    in the same order of operations)."""
+    """``model.prefill_flop_factors()``, kept: every prediction needs them."""
 
     def __post_init__(self) -> None:
-        m = self.model
-        terms = (
-            2.0 * m.linear_params,
-            2.0 * m.hidden * m.vocab,
-            2.0 * m.layers * m.q_heads * m.head_dim,
-            self.hardware.peak_flops * self.mfu,
-        )
-        object.__setattr__(self, "_terms", terms)
+        object.__setattr__(self, "_flop_factors", self.model.prefill_flop_factors())
 
     def time_s(self, prompt_tokens: int, cached_tokens: int) -> float:
         p = _check_lengths(prompt_tokens, cached_tokens)
-        lin, head, attn, per_s = self._terms
-        n = prompt_tokens
-        f = lin * (n - p) + head + attn * (n * (n + 1) - p * (p + 1))
-        return self.overhead_s + f / per_s
+        f = prefill_flops_of(self._flop_factors, prompt_tokens, p)
+        return self.overhead_s + f / (self.hardware.peak_flops * self.mfu)
 
     @classmethod
     def fit(

@@ -232,12 +232,6 @@ class HoldQueue:
         self._offsets = (pool, self.claim, offsets)
         return offsets
 
-    def min_backlog_s(self, now_s: float) -> float | None:
-        free = self.free_at_s()
-        if free is None:
-            return None
-        return free - now_s if free > now_s else 0.0
-
     def release(self, now_s: float) -> list[Decision]:
         """Schedule the held requests the cluster can start within the horizon, in the
         queue's order; the first that may not go yet stops the release — except that, when

@@ -86,12 +86,16 @@ class NicBook:
             _, _, source, target, start_s, seconds = heapq.heappop(pending)
             self.book(source, target, start_s, seconds)
 
+    def release_due(self, now_s: float) -> None:
+        """:meth:`release`, when some pending transfer has been requested by ``now_s``."""
+        if self.pending and self.pending[0][0] <= now_s:
+            self.release(now_s)
+
     def wait_s(self, source: InstanceId | None, target: InstanceId, now_s: float) -> float:
         """How long a transfer from ``source`` to ``target`` requested at ``now_s`` waits."""
         if source is None:
             return 0.0
-        if self.pending and self.pending[0][0] <= now_s:
-            self.release(now_s)
+        self.release_due(now_s)
         free = max(self.out_free_s.get(source, 0.0), self.in_free_s.get(target, 0.0))
         return free - now_s if free > now_s else 0.0
 

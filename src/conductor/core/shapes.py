@@ -61,19 +61,38 @@ class ModelSpec:
         attn = 2 * d * self.q_heads * self.head_dim + 2 * d * self.kv_heads * self.head_dim
         return self.layers * (attn + 3 * d * self.ffn)
 
+    def prefill_flop_factors(self) -> tuple[float, float, float]:
+        """The factors of :meth:`prefill_flops`: FLOPs per new token in the linear layers,
+        the LM head of the last token, and the attention's FLOPs per (query, key) pair
+        counted as ``n (n + 1) - p (p + 1)``. A caller that prices many prompts keeps them
+        (:func:`prefill_flops_of`)."""
+        return (
+            2.0 * self.linear_params,
+            2.0 * self.hidden * self.vocab,
+            2.0 * self.layers * self.q_heads * self.head_dim,
+        )
+
     def linear_flops(self, new_tokens: int) -> float:
         """Linear-layer FLOPs of ``new_tokens`` tokens plus the LM head of the last one."""
-        return 2.0 * self.linear_params * new_tokens + 2.0 * self.hidden * self.vocab
+        per_token, lm_head, _ = self.prefill_flop_factors()
+        return per_token * new_tokens + lm_head
 
     def attention_flops(self, prompt_tokens: int, cached_tokens: int) -> float:
         """Causal ``QK^T + AV`` FLOPs of tokens ``cached_tokens .. prompt_tokens - 1``."""
         n, p = prompt_tokens, cached_tokens
-        return 2.0 * self.layers * self.q_heads * self.head_dim * (n * (n + 1) - p * (p + 1))
+        return self.prefill_flop_factors()[2] * (n * (n + 1) - p * (p + 1))
 
     def prefill_flops(self, prompt_tokens: int, cached_tokens: int) -> float:
-        return self.linear_flops(prompt_tokens - cached_tokens) + self.attention_flops(
-            prompt_tokens, cached_tokens
-        )
+        return prefill_flops_of(self.prefill_flop_factors(), prompt_tokens, cached_tokens)
+
+
+def prefill_flops_of(
+    factors: tuple[float, float, float], prompt_tokens: int, cached_tokens: int
+) -> float:
+    """:meth:`ModelSpec.prefill_flops` from its :meth:`~ModelSpec.prefill_flop_factors`."""
+    per_token, lm_head, per_pair = factors
+    n, p = prompt_tokens, cached_tokens
+    return per_token * (n - p) + lm_head + per_pair * (n * (n + 1) - p * (p + 1))
 
 
 def mooncake_eq1_flops(model: ModelSpec, n: float, a: float = 4.0, b: float = 22.0) -> float:

@@ -37,7 +37,6 @@ from conductor.core.policies.decode import least_tbt
 from conductor.core.policies.first_interval import first_interval_tbt
 from conductor.core.policies.registry import register
 from conductor.core.state import InstanceState
-from conductor.core.types import InstanceId
 
 
 @register
@@ -64,15 +63,10 @@ class ConductorPolicy:
         winner: InstanceState | None = None
         winner_key = (0.0, 0.0, 0)
         winner_fetches = False
-        # a fetch's NIC wait (NicBook.wait_s, inlined): the source is the first holder of
-        # the best prefix that is not the target; transfers requested by now are booked
-        # before the first wait is read
+        # transfers requested by now are booked before the first fetch is priced, whether
+        # or not that fetch's NIC wait is then read
         nic = ctx.nic
-        out_free: dict[InstanceId, float] = {}
-        in_free: dict[InstanceId, float] = {}
         booked = nic is None
-        first_holder = holders[0] if holders else None
-        second_holder = holders[1] if len(holders) > 1 else None
         for inst in ctx.prefill_pool:
             spec = inst.spec
             iid = spec.instance_id
@@ -85,19 +79,11 @@ class ConductorPolicy:
             if fetch < local:  # the NIC wait (>= 0) matters only to a fetch that can win
                 if not booked:
                     assert nic is not None
-                    if nic.pending and nic.pending[0][0] <= now:
-                        nic.release(now)
-                    out_free, in_free = nic.out_free_s, nic.in_free_s
+                    nic.release_due(now)
                     booked = True
                 if winner is not None and queue + fetch > winner_key[0]:
                     continue  # loses, whatever its wait (local >= fetch here)
-                src = first_holder if first_holder != iid else second_holder
-                if src is not None:
-                    a = out_free.get(src, 0.0)
-                    b = in_free.get(iid, 0.0)
-                    free = a if a > b else b
-                    if free > now:
-                        fetch += free - now
+                fetch += ctx.nic_wait_s(ctx.fetch_source(iid), iid)
             fetches = fetch < local
             rest = fetch if fetches else local
             key = (queue + rest, queue, inst.prefill.queued_tokens)
