@@ -24,7 +24,7 @@ from conductor.cli.sim_cmd import default_compare_policies
 from conductor.cli.sim_options import ClusterOptions, build_config
 from conductor.core.costmodel import DEFAULT_PRESET
 from conductor.sim.simulator import simulate
-from conductor.workload.synth import synthesize
+from conductor.workload.synth import KINDS, synthesize
 from conductor.workload.trace import generated_tokens, records_to_requests
 
 REQUESTS = 2000
@@ -76,8 +76,19 @@ def main() -> None:
     p.add_argument("--workloads", default="chat:16,agent:16,docqa:2,mixed:2,docqa:1,mixed:1")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
-    workloads = [(w.split(":")[0], float(w.split(":")[1])) for w in args.workloads.split(",")]
-    weights = [None if w == "default" else float(w) for w in args.weights.split(",") if w]
+    try:
+        workloads = [(k, float(x)) for k, x in (w.split(":") for w in args.workloads.split(","))]
+    except ValueError:
+        p.error(f"--workloads: {args.workloads!r} is not KIND:SPEED[,KIND:SPEED...]")
+    bad = [k for k, _ in workloads if k not in KINDS]
+    if bad:
+        p.error(f"--workloads: unknown kind {bad[0]!r} (one of {', '.join(KINDS)})")
+    try:
+        weights = [None if w == "default" else float(w) for w in args.weights.split(",") if w]
+    except ValueError:
+        p.error(f"--weights: {args.weights!r} is not numbers, inf or default, comma-separated")
+    if any(w is not None and not w >= 0 for w in weights):
+        p.error(f"--weights: {args.weights!r}: an age weight must be >= 0")
     runs: list[tuple[str, float | None]] = [("conductor", w) for w in weights]
     if args.peers:
         runs += [(name, None) for name in default_compare_policies() if name != "conductor"]
