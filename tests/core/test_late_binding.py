@@ -338,3 +338,29 @@ def test_a_request_held_for_decode_room_does_not_hold_up_the_earliest_deadline()
     assert isinstance(r2, Plan) and r2.request_id == "r2"
     assert len(q) == 1
     assert q.wakeup_s(0.04) == pytest.approx(0.08)  # p0 free again after r2's 40 ms
+
+
+def test_when_the_first_by_key_and_the_most_urgent_have_no_decode_room_the_next_by_key_goes() -> (
+    None
+):
+    """d0 has 40,000 KV tokens left. r1 occupies p0 until 0.04. Held: ru (45,000 tokens,
+    44,960 cached: 0.04 s, the earliest deadline, key 0.04 + 0.2 * 30 = 6.04), r4 (40
+    tokens, key 0.04 + 0.2 * 30.001 = 6.0402) and rh (50,000 tokens, all cached: key 0.001 +
+    0.2 * 30.002 = 6.0014, the first by key). At 0.04 neither rh nor ru fits on d0; r4, the
+    next by key, goes. Before that rule the release placed nothing."""
+    c = make_conductor(1, 1, policy="conductor", admission="early")
+    chain_h = hashes(*range(12_500))
+    chain_u = hashes(*range(100_000, 111_250))
+    c.on_event(BlocksStored(iid("p0"), chain_h, Tier.DRAM))
+    c.on_event(BlocksStored(iid("p0"), chain_u[:11_240], Tier.DRAM))
+    c.instances[iid("d0")].decode.admit(RequestId("x"), 60_000, 0, started=True)
+    rule = LateBinding(0.0, decode_aware=True, nic_aware=False, age_weight=0.2)
+    q = HoldQueue(c, rule)
+    (r1,) = q.submit(req("r1", hashes(), 40), 0.0)
+    assert isinstance(r1, Plan)
+    assert q.submit(req("ru", chain_u, 45_000), 0.0) == []
+    assert q.submit(req("r4", hashes(), 40), 0.001) == []
+    assert q.submit(req("rh", chain_h, 50_000), 0.002) == []
+    (r4,) = q.release(0.04)
+    assert isinstance(r4, Plan) and r4.request_id == "r4"
+    assert len(q) == 2

@@ -44,4 +44,6 @@ def test_replicas_hold_their_arrivals_like_one_scheduler() -> None:
 def test_replicas_book_each_others_kv_transfers() -> None:
     one = _run("docqa", 600, 2.0, 1, 0.0)
     two = _run("docqa", 600, 2.0, 2, 0.0)
-    assert two["goodput_rps"] == pytest.approx(one["goodput_rps"], rel=0.02)
+    # kept, not lost (booking only their own transfers, two replicas lost two thirds); two
+    # half-size queues may do a little better than one (4.381 against 4.236 req/s here)
+    assert two["goodput_rps"] >= 0.98 * one["goodput_rps"]  # type: ignore[operator]

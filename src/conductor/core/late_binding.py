@@ -18,7 +18,9 @@ first by key (with the same predicted prefill times). ``a = inf``: deadline orde
 SLO for all, arrival order). The request the order names next is released once the two
 conditions below hold; while the decode pool has no room for it, the request with the
 earliest deadline is tried in its place (a short prompt waiting for decode room must not
-hold up the most urgent request), and otherwise nothing overtakes it. It goes once
+hold up the most urgent request), then, with no room for that one either, the next
+:data:`BLOCKED_TRY_BY_KEY` by key (a request whose prompt needs less room may fit);
+otherwise nothing overtakes it. It goes once
 
 * some prefill instance's predicted backlog is below ``horizon_s`` (the instance will be
   idle within the horizon: the request would not start earlier if it were queued there
@@ -63,6 +65,12 @@ if TYPE_CHECKING:  # the scheduler's policies import this module
 
 _EPS_S = 1e-9
 """Float slack when a wakeup at ``busy_until - horizon`` compares the backlog again."""
+
+BLOCKED_TRY_BY_KEY = 2
+"""How many requests after the first by key a release tries, in key order, once both the
+first and the most urgent one are held for decode room (their prompts may need less room).
+Chosen on generated workloads (``conductor trace synth``, seed 7; docs/policies.md): 0 is
+the rule before, 1 changed little, 2 to 8 the same."""
 
 _GONE, _WAIT, _BLOCKED = 0, 1, 2
 """What :meth:`HoldQueue._attempt` did with a held request: placed or rejected it, or left
@@ -236,9 +244,9 @@ class HoldQueue:
         """Schedule the held requests the cluster can start within the horizon, in the
         queue's order; the first that may not go yet stops the release — except that, when
         the decode pool has no room for it, the request with the earliest deadline is tried
-        instead (with deadline order that is the same request: nothing overtakes the most
-        urgent one). The check and the decision are one placement
-        (:meth:`~conductor.core.scheduler.Scheduler.prepare`, then ``decide``)."""
+        instead, and then the next few by key (with deadline order that is the same request:
+        nothing overtakes the most urgent one). The check and the decision are one
+        placement (:meth:`~conductor.core.scheduler.Scheduler.prepare`, then ``decide``)."""
         out: list[Decision] = []
         while self._live:
             free = self._free_times()
@@ -248,16 +256,37 @@ class HoldQueue:
             head = self._next(now_s, free)
             outcome = self._attempt(head, now_s, backlog, out)
             if outcome == _BLOCKED and self._by_age:
-                # a short request held for decode room must not hold up the most urgent one
+                # a short request held for decode room must not hold up the most urgent one,
+                # nor, when that one has no room either, the next by key
                 urgent = self._by_deadline[0][2]
-                if urgent is not head:
+                for other in (urgent, *self._after(head, urgent, BLOCKED_TRY_BY_KEY)):
+                    if other is head:
+                        continue
                     give_up = self._give_up_s
-                    outcome = self._attempt(urgent, now_s, backlog, out)
-                    if outcome == _BLOCKED and give_up is not None:
+                    outcome = self._attempt(other, now_s, backlog, out)
+                    if outcome != _BLOCKED:
+                        break
+                    if give_up is not None:
                         assert self._give_up_s is not None
                         self._give_up_s = min(give_up, self._give_up_s)
             if outcome != _GONE:
                 break
+        return out
+
+    def _after(self, head: _Held, urgent: _Held, n: int) -> list[_Held]:
+        """The first ``n`` live requests by key other than ``head`` and ``urgent``, found by
+        walking the heap from its root in key order (released and withdrawn entries linger
+        in the heap and are stepped over)."""
+        heap = self._heap
+        out: list[_Held] = []
+        frontier = [(heap[0], 0)]
+        while frontier and len(out) < n:
+            held, i = heapq.heappop(frontier)
+            if held.live and held is not head and held is not urgent:
+                out.append(held)
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child], child))
         return out
 
     def _attempt(self, held: _Held, now_s: float, backlog: float, out: list[Decision]) -> int:
