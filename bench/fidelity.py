@@ -12,6 +12,11 @@
    its own core (``--pin``: the whole engine too, ``taskset``).
 3. ``conductor profile`` of engine e0 right before the replays (same machine, same load),
    unless ``--cost-file`` is given: the cost file every other step uses.
+3b. The gateway's own latency (``--gateway-latency measure``, the default, both scenario):
+   single-block prompts one at a time straight to e0 and through a round-robin gateway;
+   the difference of the median TTFTs is given to the simulator as its dispatch and report
+   latency, half each (a held request waits for the one before it to come back through the
+   gateway, then has to get to its engine; docs/fidelity.md).
 4. The replay rate: the simulator (that cost file, round_robin) at a ladder of speeds; the
    one whose mean engine busy fraction is nearest ``--target-busy`` (0.65). Chosen from the
    cost model only, never from a measured run; the measured busy fraction is reported.
@@ -47,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -130,6 +136,7 @@ def run_sim(
         admission=args.admission,
         ttft_slo_s=args.ttft_slo_s,
         tbt_slo_s=args.tbt_slo_ms / 1e3,
+        gateway_latency_s=getattr(args, "gateway_latency_s", 0.0),
     )
     res = simulate(requests, cfg, outputs=generated_tokens(records, mt))
     rows = sim_rows(res.records)
@@ -162,6 +169,46 @@ def choose_speed(trace: Path, cost: Any, shape: EngineShape, args: Any) -> tuple
         if abs(mean - args.target_busy) < best_gap:
             best, best_gap = s, abs(mean - args.target_busy)
     return best, ladder
+
+
+GATEWAY_PROBE_REQUESTS = 12
+GATEWAY_PROBE_GAP_MS = 400
+
+
+def gateway_latency(
+    engines: list[fc.Engine], cost_file: Path, args: Any, work: Path
+) -> dict[str, Any]:
+    """What ``conductor serve`` adds to a request's TTFT on idle engines: the same
+    ``GATEWAY_PROBE_REQUESTS`` single-block prompts (one token out, ``GATEWAY_PROBE_GAP_MS``
+    apart, so one at a time) straight to engine 0 and through a round-robin gateway; the
+    difference of the median TTFTs (the cost file's prefill times already hold everything
+    between the client and the engine)."""
+    lines = [
+        {"timestamp": i * GATEWAY_PROBE_GAP_MS, "input_length": 32, "output_length": 1,
+         "hash_ids": [900_000 + i]}
+        for i in range(GATEWAY_PROBE_REQUESTS)
+    ]  # fmt: skip
+    trace = work / "gateway-probe.jsonl"
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    def median_ttft(url: str, label: str, pool: list[fc.Engine]) -> float:
+        fc.reset_prefix_cache(engines)
+        run = fc.replay(url, trace, 1.0, 0, pool, work / f"{label}.json", label, args.flags.model)
+        return statistics.median(float(r["ttft_s"]) for r in run["rows"])
+
+    direct = median_ttft(engines[0].url, "probe-direct", engines[:1])
+    gw = fc.gateway(
+        engines, cost_file, "round_robin", "off", args.flags, work,
+        ttft_slo_s=args.ttft_slo_s, tbt_slo_ms=args.tbt_slo_ms,
+    )  # fmt: skip
+    with gw as url:
+        through = median_ttft(url, "probe-gateway", engines)
+    return {
+        "requests": GATEWAY_PROBE_REQUESTS,
+        "direct_median_ttft_s": round(direct, 5),
+        "gateway_median_ttft_s": round(through, 5),
+        "gateway_latency_s": round(max(through - direct, 0.0), 5),
+    }
 
 
 def measured_busy(rows: list[dict[str, Any]], args: Any = None) -> dict[str, float]:
@@ -426,6 +473,12 @@ def main() -> int:
     p.add_argument("--cost-file", type=Path, default=None, help="default: profile e0 now")
     p.add_argument("--admission", default="off")
     p.add_argument(
+        "--gateway-latency",
+        default="measure",
+        help="ms the gateway adds to TTFT, given to the simulator (dispatch and report"
+        " latency, half each); 'measure' (default): probed on the engines, both scenario",
+    )
+    p.add_argument(
         "--profile-both",
         action="store_true",
         help="profile both engines at once (e0's file is used): the replay's contention",
@@ -453,6 +506,13 @@ def main() -> int:
         p.error(f"--handoff-lengths must name positive token counts, got {args.handoff_lengths!r}")
     if args.handoff_samples < 1:
         p.error(f"--handoff-samples must be >= 1, got {args.handoff_samples}")
+    if args.gateway_latency != "measure":
+        try:
+            ok = float(args.gateway_latency) >= 0
+        except ValueError:
+            ok = False
+        if not ok:
+            p.error(f"--gateway-latency must be 'measure' or ms >= 0, got {args.gateway_latency!r}")
     args.plot_given = args.plot is not None
     if args.plot is None:
         args.plot = REPO / "docs/figures/fidelity_ttft.png"
@@ -538,6 +598,14 @@ def main() -> int:
             result["cost_file_pd"] = str(cost_file)
             result["cost_file_pd_text"] = cost_file.read_text()
             print(f"hand-off: {result['handoff']['by_length']}", file=sys.stderr, flush=True)
+        args.gateway_latency_s = 0.0
+        if engines and not pd and args.gateway_latency == "measure":
+            result["gateway_probe"] = gateway_latency(engines, cost_file, args, work)
+            args.gateway_latency_s = result["gateway_probe"]["gateway_latency_s"]
+            print(f"gateway probe: {result['gateway_probe']}", file=sys.stderr, flush=True)
+        elif args.gateway_latency != "measure":
+            args.gateway_latency_s = float(args.gateway_latency) / 1e3
+        result["gateway_latency_s"] = args.gateway_latency_s
         kv = cost.kv_capacity_tokens
         if engines:
             cc = engines[0].info["cache_config"]

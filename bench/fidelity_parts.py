@@ -104,12 +104,15 @@ def sim_config(
     ttft_slo_s: float,
     tbt_slo_s: float,
     seed: int = 0,
+    gateway_latency_s: float = 0.0,
 ) -> SimConfig:
     """``conductor simulate --both n --prefill P --decode D --cost-file F
     --max-num-batched-tokens .. --max-num-seqs .. --kv-block-tokens B --long-prefill-tokens ..
     --cache-tokens KV --admission A --no-cpp --max-tokens trace`` with the scheduler's block
     (and the trace's) ``B`` tokens, as the gateway's is (``serve --block-size B``). The
-    prefix cache is the engines' KV room: vLLM caches prefixes in its free KV blocks."""
+    prefix cache is the engines' KV room: vLLM caches prefixes in its free KV blocks.
+    ``gateway_latency_s``: what the gateway adds to a request's TTFT on idle engines (its two
+    legs), split evenly into the simulator's dispatch and report latencies."""
     sched = SchedulerConfig(
         block_size_tokens=shape.block_tokens,
         ttft_slo_s=ttft_slo_s,
@@ -135,6 +138,8 @@ def sim_config(
         scheduler=sched,
         cache_capacity_tokens=shape.kv_capacity_tokens,
         seed=seed,
+        dispatch_latency_s=gateway_latency_s / 2,
+        report_latency_s=gateway_latency_s / 2,
     )
 
 

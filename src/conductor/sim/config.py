@@ -51,6 +51,11 @@ class SimConfig:
     ``policy``: a registered prefill policy name. ``cache_capacity_tokens``: each prefill
     instance's DRAM KV cache (LRU), 3M tokens as in FAST §5.3.2; ``None`` means unbounded.
     ``kv_event_delay_s``: how late the scheduler sees KV events (stale state).
+    ``dispatch_latency_s`` and ``report_latency_s``: a gateway's two legs — a placed request
+    reaches its prefill engine ``dispatch_latency_s`` after the decision, and the scheduler
+    (so the hold queue) and the client see a prefill's first token ``report_latency_s``
+    after the engine made it (the record's TTFT counts both; the first token interval of
+    TBT is the engine's). 0: the scheduler is in the engine's process.
     ``prefill_noise``: relative std-dev of a seeded log-normal error between the cost model's
     prediction and the simulated execution (0 = exact).
     ``oracle_lengths``: the ablation that hands the scheduler every request's true output
@@ -76,6 +81,8 @@ class SimConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cache_capacity_tokens: int | None = CACHE_CAPACITY_TOKENS
     kv_event_delay_s: float = 0.0
+    dispatch_latency_s: float = 0.0
+    report_latency_s: float = 0.0
     prefill_noise: float = 0.0
     cost_error: float = 0.0
     cost_bias: float = 0.0
@@ -98,6 +105,8 @@ class SimConfig:
         if self.cache_capacity_tokens is not None:
             check_at_least("cache_capacity_tokens", self.cache_capacity_tokens, 0)
         check_at_least("kv_event_delay_s", self.kv_event_delay_s, 0)
+        check_at_least("dispatch_latency_s", self.dispatch_latency_s, 0)
+        check_at_least("report_latency_s", self.report_latency_s, 0)
         check_at_least("prefill_noise", self.prefill_noise, 0)
         check_at_least("cost_error", self.cost_error, 0)
         if not self.cost_bias > -1:

@@ -78,13 +78,43 @@ class CopyDone:
         self.hashes = hashes
 
 
+class Dispatch:
+    """A placed request reaches its prefill engine (``dispatch_latency_s`` after its plan)."""
+
+    __slots__ = ("node", "seq")
+
+    def __init__(self, node: Engine, seq: Seq) -> None:
+        self.node = node
+        self.seq = seq
+
+
+class Reported:
+    """The scheduler hears that ``seq``'s prefill ended on ``node`` (``report_latency_s``
+    after it did)."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
+
+
 class Wakeup:
     """Late binding: a held request may be placed now (:mod:`conductor.core.late_binding`)."""
 
     __slots__ = ()
 
 
-SimEvent = Arrival | FetchDone | DecodeJoin | EngineStep | KvEventDue | CopyDone | Wakeup
+SimEvent = (
+    Arrival
+    | FetchDone
+    | DecodeJoin
+    | EngineStep
+    | KvEventDue
+    | CopyDone
+    | Wakeup
+    | Dispatch
+    | Reported
+)
 
 
 class EventQueue:

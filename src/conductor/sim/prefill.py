@@ -21,7 +21,16 @@ from conductor.core.scheduler import Scheduler
 from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role, Tier
 from conductor.sim.config import SimConfig
 from conductor.sim.engine import EngineLoop
-from conductor.sim.events import CopyDone, DecodeJoin, EventQueue, FetchDone, KvEventDue, Wakeup
+from conductor.sim.events import (
+    CopyDone,
+    DecodeJoin,
+    Dispatch,
+    EventQueue,
+    FetchDone,
+    KvEventDue,
+    Reported,
+    Wakeup,
+)
 from conductor.sim.nodes import CppGroup, Engine, Seq, transfer
 from conductor.sim.records import RequestRecord
 from conductor.sim.replicas import ReplicaSet
@@ -169,7 +178,10 @@ class PrefillSide:
             self.copy_blocks(t, m.source, m.target, m.block_hashes)
         if plan.cpp is not None:
             self.add_cpp_stages(t, seq, plan)
-        self.loop.enqueue(t, node, seq)
+        if self.cfg.dispatch_latency_s > 0:
+            self.push(t + self.cfg.dispatch_latency_s, Dispatch(node, seq))
+        else:
+            self.loop.enqueue(t, node, seq)
 
     def copy_blocks(
         self, t: float, source: InstanceId, target: InstanceId, hashes: tuple[BlockHash, ...]
@@ -251,8 +263,12 @@ class PrefillSide:
         # the engine reports the compute it spent on this prefill and the tokens it reused
         cached = rec.local_tokens + rec.fetched_tokens
         done = PrefillFinished(req.request_id, node.iid, t, rec.prefill_compute_s, cached)
-        self.scheduler.on_event(done)
-        self.release(t)
+        if self.cfg.report_latency_s > 0:
+            rec.first_token_lag_s = self.cfg.report_latency_s
+            self.push(t + self.cfg.report_latency_s, Reported(done))
+        else:
+            self.scheduler.on_event(done)
+            self.release(t)
         rec.prefill_end_s = t
         self.store_blocks(t, node, req.block_hashes)
         if seq.decodes:  # role=both: it decodes where it was prefilled

@@ -26,6 +26,8 @@ class RequestRecord:
     fetched_tokens: int = 0
     prefill_start_s: float | None = None
     prefill_end_s: float | None = None
+    first_token_lag_s: float = 0.0
+    """How long after the engine's first token the client sees it (``report_latency_s``)."""
     prefill_compute_s: float = 0.0
     decode_join_s: float | None = None
     finish_s: float | None = None
@@ -41,7 +43,7 @@ class RequestRecord:
     def ttft_s(self) -> float | None:
         if self.prefill_end_s is None or self.rejected is not None:
             return None
-        return self.prefill_end_s - self.arrival_s
+        return self.prefill_end_s + self.first_token_lag_s - self.arrival_s
 
     @property
     def completed(self) -> bool:

@@ -28,9 +28,11 @@ from conductor.sim.events import (
     Arrival,
     CopyDone,
     DecodeJoin,
+    Dispatch,
     EngineStep,
     EventQueue,
     FetchDone,
+    Reported,
     Wakeup,
 )
 from conductor.sim.nodes import Engine
@@ -187,6 +189,11 @@ class _Simulation:
                 prefill.store_blocks(t, ev.engine, ev.hashes)
             elif isinstance(ev, Wakeup):
                 prefill.on_wakeup(t)
+            elif isinstance(ev, Dispatch):
+                self.loop.enqueue(t, ev.node, ev.seq)
+            elif isinstance(ev, Reported):
+                self.scheduler.on_event(ev.event)
+                prefill.release(t)
             else:  # KvEventDue (mypy checks that no other kind is left)
                 self.scheduler.on_event(ev.event)
         if progress is not None:
