@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,21 +33,15 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import fidelity as fb  # noqa: E402
 import fidelity_cluster as fc  # noqa: E402
-from fidelity_parts import EngineShape, sim_config  # noqa: E402
+from fidelity_parts import EngineShape  # noqa: E402
 
 from conductor.core.cost_file import parse_cost_file  # noqa: E402
 from conductor.core.costmodel import CostModel  # noqa: E402
-from conductor.sim.simulator import simulate  # noqa: E402
-from conductor.workload.max_tokens import MaxTokens  # noqa: E402
-from conductor.workload.trace import (  # noqa: E402
-    generated_tokens,
-    read_trace,
-    records_to_requests,
-)
 from tests.engines.fixtures import missing_prerequisites  # noqa: E402
 
-BLOCK = 32
-KV_TOKENS = 174_752  # the fidelity engines' KV room (num_gpu_blocks x block_size)
+BLOCK = fc.BLOCK_SIZE_TOKENS  # the fidelity engines' KV block, one trace hash id each
+SIM_ARGS = SimpleNamespace(admission="off", ttft_slo_s=30.0, tbt_slo_ms=1000.0)
+"""The fidelity bench's simulator options: admission off, SLOs out of the way."""
 # (offset ms, prompt tokens, output tokens) per request
 SCENARIOS: dict[str, list[tuple[int, int, int]]] = {
     "short alone": [(0, 64, 1)],
@@ -74,21 +69,18 @@ def scenario_records(spec: list[tuple[int, int, int]], first_id: int) -> list[di
     return out
 
 
-def simulated(path: Path, cost: CostModel) -> list[float]:
-    """Each request's simulated TTFT, one engine of role both with the real one's flags."""
+def simulated(path: Path, cost: CostModel, flags: fc.EngineFlags, kv: int) -> list[float]:
+    """Each request's simulated TTFT (trace order): the fidelity bench's simulator
+    (:func:`fidelity.run_sim`) with one engine of role both, the real one's flags and KV."""
     shape = EngineShape(
         n=1,
-        max_num_batched_tokens=1024,
-        max_num_seqs=64,
-        block_tokens=BLOCK,
-        kv_capacity_tokens=KV_TOKENS,
+        max_num_batched_tokens=flags.max_num_batched_tokens,
+        max_num_seqs=flags.max_num_seqs,
+        block_tokens=flags.block_size,
+        kv_capacity_tokens=kv,
     )
-    records = read_trace(path, block_size_tokens=BLOCK).records
-    mt = MaxTokens.parse("trace")
-    reqs = records_to_requests(records, speed=1.0, block_size_tokens=BLOCK, max_tokens=mt)
-    cfg = sim_config("round_robin", cost, shape, admission="off", ttft_slo_s=30.0, tbt_slo_s=1.0)
-    res = simulate(reqs, cfg, outputs=generated_tokens(records, mt))
-    return [r.ttft_s if r.ttft_s is not None else float("nan") for r in res.records]
+    sim = fb.run_sim(path, 1.0, "round_robin", cost, shape, SIM_ARGS)
+    return [float("nan") if r["ttft_s"] is None else float(r["ttft_s"]) for r in sim["rows"]]
 
 
 def main() -> int:
@@ -109,7 +101,11 @@ def main() -> int:
         return 1
     fb.ensure_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="engine-micro-"))
-    flags = fc.EngineFlags(max_num_batched_tokens=1024, max_num_seqs=64, model=args.model.resolve())
+    flags = fc.EngineFlags(
+        max_num_batched_tokens=fb.MAX_NUM_BATCHED_TOKENS,
+        max_num_seqs=fb.MAX_NUM_SEQS,
+        model=args.model.resolve(),
+    )
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     (engine,) = fc.start_vllm(1, flags, work, args.pin)
     rows: list[dict[str, Any]] = []
@@ -133,7 +129,7 @@ def main() -> int:
                 run = fc.replay(engine.url, path, 1.0, 10 + rep, [engine], out, name, flags.model)
                 by_id = sorted(run["rows"], key=lambda r: int(str(r["request_id"])[1:]))
                 runs.append([float(r["ttft_s"]) for r in by_id])
-            sim = simulated(path, cost)
+            sim = simulated(path, cost, flags, fc.kv_tokens(engine))
             measured = [statistics.median(run[i] for run in runs[1:]) for i in range(len(spec))]
             ratio = [round(s / m, 3) for s, m in zip(sim, measured, strict=True)]
             rows.append(

@@ -95,6 +95,10 @@ from conductor.workload.trace import (  # noqa: E402
 from tests.engines.fixtures import TINY_MODEL, missing_prerequisites  # noqa: E402
 
 POLICIES = ("round_robin", "least_loaded", "conductor")
+MAX_NUM_BATCHED_TOKENS = 1024
+"""The fidelity engines' vLLM ``--max-num-batched-tokens`` (chunked prefill's step budget)."""
+MAX_NUM_SEQS = 64
+"""The fidelity engines' vLLM ``--max-num-seqs``."""
 FIDELITY_MODEL = Path.home() / ".cache" / "conductor" / "fidelity-model"
 
 
@@ -485,8 +489,8 @@ def main() -> int:
     )
     p.add_argument("--ttft-slo-s", type=float, default=30.0)
     p.add_argument("--tbt-slo-ms", type=float, default=1000.0)
-    p.add_argument("--max-num-batched-tokens", type=int, default=1024)
-    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=MAX_NUM_BATCHED_TOKENS)
+    p.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS)
     p.add_argument("--pin", action="store_true", help="taskset each engine to its core")
     p.add_argument(
         "--model",
@@ -608,8 +612,7 @@ def main() -> int:
         result["gateway_latency_s"] = args.gateway_latency_s
         kv = cost.kv_capacity_tokens
         if engines:
-            cc = engines[0].info["cache_config"]
-            kv = int(cc["num_gpu_blocks"]) * int(cc["block_size"])
+            kv = fc.kv_tokens(engines[0])
             result["engines"] = [e.info for e in engines]
         shape = EngineShape(
             n=0 if pd else 2,

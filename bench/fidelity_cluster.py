@@ -127,17 +127,26 @@ def group_cpu_s(pgid: int) -> float:
     return total / CLK_TCK
 
 
+def metric_sums(url: str, names: Sequence[str]) -> dict[str, float]:
+    """Those Prometheus series of ``url``/metrics, each summed over its label sets."""
+    out = dict.fromkeys(names, 0.0)
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in out:
+            out[name] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def counters(url: str) -> dict[str, float]:
     """The engine's ``vllm:prefix_cache_{hits,queries}_total`` and
     ``vllm:external_prefix_cache_{hits,queries}_total`` (summed over label sets)."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    names = (*PREFIX_METRICS, *EXTERNAL_METRICS)
-    out = dict.fromkeys(names, 0.0)
-    for line in text.splitlines():
-        for name in names:
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                out[name] += float(line.rsplit(" ", 1)[1])
-    return out
+    return metric_sums(url, (*PREFIX_METRICS, *EXTERNAL_METRICS))
+
+
+def kv_tokens(engine: Engine) -> int:
+    """A started vLLM engine's KV room in tokens (``num_gpu_blocks * block_size``)."""
+    cc = engine.info["cache_config"]
+    return int(cc["num_gpu_blocks"]) * int(cc["block_size"])
 
 
 def vllm_cache_info(url: str) -> dict[str, str]:
@@ -309,17 +318,20 @@ def gateway(
     *,
     ttft_slo_s: float,
     tbt_slo_ms: float,
+    extra_args: Sequence[str] = (),
+    log_name: str | None = None,
 ) -> Iterator[str]:
-    """``conductor serve`` in front of ``engines`` with ``policy``; yields its URL."""
+    """``conductor serve`` in front of ``engines`` with ``policy`` (and ``extra_args``);
+    yields its URL. Its log is ``work/gateway-<log_name or policy>.log``."""
     (port,) = free_ports(1)
     cmd = [*CLI, "serve", "--port", str(port), "--model-path", str(flags.model)]
     cmd += ["--model-name", SERVED_MODEL_NAME, "--block-size", str(flags.block_size)]
     cmd += ["--max-model-len", str(flags.max_model_len), "--cost-file", str(cost_file)]
     cmd += ["--policy", policy, "--admission", admission, "--log-level", "warning"]
-    cmd += ["--ttft-slo-s", str(ttft_slo_s), "--tbt-slo-ms", str(tbt_slo_ms)]
+    cmd += ["--ttft-slo-s", str(ttft_slo_s), "--tbt-slo-ms", str(tbt_slo_ms), *extra_args]
     for e in engines:
         cmd += ["--engine", e.spec]
-    log = work / f"gateway-{policy}.log"
+    log = work / f"gateway-{log_name or policy}.log"
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
                                 start_new_session=True)  # fmt: skip

@@ -29,7 +29,6 @@ import contextlib
 import json
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,8 +36,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -72,16 +69,6 @@ ITERATION = re.compile(
     r"Iteration\(\d+\): (\d+) context requests, (\d+) context tokens, (\d+) generation "
     r"requests, \d+ generation tokens, iteration elapsed time: ([\d.]+) ms"
 )
-
-
-def sums(url: str, names: Sequence[str]) -> dict[str, float]:
-    """Those Prometheus series of ``url``/metrics, summed over their label sets."""
-    out = dict.fromkeys(names, 0.0)
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in out:
-            out[name] += float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def steps(lines: Sequence[str]) -> list[tuple[int, int, int, float]]:
@@ -133,39 +120,33 @@ def p90(xs: Sequence[float]) -> float:
 def gateway(
     engines: Sequence[fc.Engine], cost_file: Path, policy: str, hold: bool, flags: Any, work: Path
 ) -> Iterator[str]:
-    (port,) = fc.free_ports(1)
-    cmd = [*fc.CLI, "serve", "--port", str(port), "--model-path", str(flags.model)]
-    cmd += ["--model-name", fc.SERVED_MODEL_NAME, "--block-size", str(flags.block_size)]
-    cmd += ["--max-model-len", str(flags.max_model_len), "--cost-file", str(cost_file)]
-    cmd += ["--policy", policy, "--admission", "off", "--log-level", "warning"]
-    cmd += ["--ttft-slo-s", "30", "--tbt-slo-ms", "1000"]
+    """The fidelity bench's gateway (admission off), ``hold`` False: its hold queue off."""
+    extra: list[str] = []
     if not hold:
         config = work / "no-hold.toml"
         config.write_text("[gateway]\nlate_binding = false\n")
-        cmd += ["--config", str(config)]
-    for e in engines:
-        cmd += ["--engine", e.spec]
-    log = work / f"gateway-{policy}-{int(hold)}.log"
-    with log.open("wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
-                                start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        fc.wait_http(url, proc, log, 60)
+        extra = ["--config", str(config)]
+    with fc.gateway(
+        engines, cost_file, policy, "off", flags, work, ttft_slo_s=30.0, tbt_slo_ms=1000.0,
+        extra_args=extra, log_name=f"{policy}-{int(hold)}",
+    ) as url:  # fmt: skip
         yield url
-    finally:
-        fc.stop_group(proc)
 
 
 def simulated(
     trace: Path, speed: float, policy: str, hold: bool, cost: CostModel, kv: int
 ) -> dict[str, Any]:
+    block = fc.BLOCK_SIZE_TOKENS
     shape = EngineShape(
-        n=2, max_num_batched_tokens=1024, max_num_seqs=64, block_tokens=32, kv_capacity_tokens=kv
+        n=2,
+        max_num_batched_tokens=fb.MAX_NUM_BATCHED_TOKENS,
+        max_num_seqs=fb.MAX_NUM_SEQS,
+        block_tokens=block,
+        kv_capacity_tokens=kv,
     )
-    records = read_trace(trace, block_size_tokens=32).records
+    records = read_trace(trace, block_size_tokens=block).records
     mt = MaxTokens.parse("trace")
-    reqs = records_to_requests(records, speed=speed, block_size_tokens=32, max_tokens=mt)
+    reqs = records_to_requests(records, speed=speed, block_size_tokens=block, max_tokens=mt)
     cfg = sim_config(policy, cost, shape, admission="off", ttft_slo_s=30.0, tbt_slo_s=1.0)
     if not hold:
         cfg = replace(cfg, scheduler=replace(cfg.scheduler, policy_params={"late_binding": 0.0}))
@@ -195,13 +176,13 @@ def measure(
     flags: Any, work: Path,
 ) -> dict[str, Any]:  # fmt: skip
     fc.reset_prefix_cache(engines)
-    before = {e.engine_id: sums(e.url, VLLM) for e in engines}
+    before = {e.engine_id: fc.metric_sums(e.url, VLLM) for e in engines}
     lines0 = {
         e.engine_id: len(e.log_path.read_text(errors="replace").splitlines()) for e in engines
     }
     run = fc.replay(url, trace, speed, seed, engines, work / f"{label}.json", label, flags.model)
-    gw = sums(url, HOLD)
-    after = {e.engine_id: sums(e.url, VLLM) for e in engines}
+    gw = fc.metric_sums(url, HOLD)
+    after = {e.engine_id: fc.metric_sums(e.url, VLLM) for e in engines}
     v = {k: sum(after[e][k] - before[e][k] for e in after) for k in VLLM}
     n = v["vllm:time_to_first_token_seconds_count"] or 1.0
     logged: list[tuple[int, int, int, float]] = []
@@ -245,6 +226,8 @@ def main() -> int:
         configs.append((item, policy, mode != "no-hold"))
     if not configs:
         p.error(f"--configs names no policy: {args.configs!r}")
+    if args.cost_file is not None and not args.cost_file.is_file():
+        p.error(f"--cost-file {str(args.cost_file)!r} is not a file")
     if args.limit < 1 or args.speed <= 0:
         p.error(f"--limit must be >= 1 and --speed > 0, got {args.limit} and {args.speed}")
     why = missing_prerequisites()
@@ -252,7 +235,11 @@ def main() -> int:
         print(f"cannot run: {why}", file=sys.stderr)
         return 1
     fb.ensure_model(args.model)
-    flags = fc.EngineFlags(max_num_batched_tokens=1024, max_num_seqs=64, model=args.model.resolve())
+    flags = fc.EngineFlags(
+        max_num_batched_tokens=fb.MAX_NUM_BATCHED_TOKENS,
+        max_num_seqs=fb.MAX_NUM_SEQS,
+        model=args.model.resolve(),
+    )
     work = Path(tempfile.mkdtemp(prefix="fidelity-decompose-"))
     trace = work / "slice.jsonl"
     fb.write_slice(args.limit, 0, Scaling(max_model_len=flags.max_model_len), trace)
@@ -267,8 +254,7 @@ def main() -> int:
             fc.profile(engines[0], flags.model, cost_file)
         cost_text = cost_file.read_text()
         cost = parse_cost_file(cost_text).cost
-        cc = engines[0].info["cache_config"]
-        kv = int(cc["num_gpu_blocks"]) * int(cc["block_size"])
+        kv = fc.kv_tokens(engines[0])
         with gateway(engines, cost_file, "round_robin", True, flags, work) as url:
             measure(engines, url, trace, args.speed, 0, "warm-up", flags, work)
         for i, (label, policy, hold) in enumerate(configs):
