@@ -38,11 +38,17 @@ thread on its own core as above), the gateway given those roles, the simulator r
 policy (conductor) unless ``--policies`` says otherwise; vLLM only (no emulated P/D).
 Between 3. and 4.: the hand-off probe (``fidelity_cluster.handoff_probe``, one request at
 a time, a few prompt lengths): TTFT through the gateway minus the prefill engine's own time,
-fitted as ``latency + s_per_token * tokens``; the cost file's ``[transfer]`` (``conductor
-profile`` without ``--handoff-url`` writes option values there, not measurements) is set
+less the profiled decode step, fitted as ``latency + s_per_token * tokens`` through the
+per-length medians (as ``conductor profile --handoff-url`` fits it); the cost file's
+``[transfer]`` (``conductor profile`` without ``--handoff-url`` writes option values there,
+not measurements) is set
 from that fit, and that file is the one the gateway and the simulator use. Compared: the
-simulator as it is (its TTFT ends with the prefill), and its TTFT plus the fitted
-hand-off. The doc's "P/D scenario" section is rewritten; the rest of the doc is left alone.
+simulator with the scenario's protocol (``--handoff serial --first-token decode``: the KV
+moves after the prefill and the client's first token is the decode engine's, so TTFT holds
+the hand-off and one decode step), the same with the profile's own ``[transfer]``, and
+Mooncake's protocol (the simulator's default: streamed hand-off, TTFT ends with the
+prefill). The doc's "P/D scenario"
+section is rewritten; the rest of the doc is left alone.
 
 Everything shares this machine's cores; the doc says what else was running.
 """
@@ -77,12 +83,16 @@ from fidelity_parts import (  # noqa: E402
     scale_records,
     sim_config,
     sim_rows,
-    with_handoff,
     with_transfer,
 )
 
 from conductor.core.cost_file import parse_cost_file, render_cost_file  # noqa: E402
-from conductor.profiling.handoff import HandoffFit, fit_handoff  # noqa: E402
+from conductor.profiling.handoff import (  # noqa: E402
+    HandoffSample,
+    fit_handoff,
+    kv_moves,
+    per_length_medians,
+)
 from conductor.sim.simulator import simulate  # noqa: E402
 from conductor.workload.max_tokens import MaxTokens  # noqa: E402
 from conductor.workload.trace import (  # noqa: E402
@@ -125,9 +135,28 @@ def write_slice(limit: int, offset: int, scaling: Scaling, path: Path) -> int:
     return len(scaled)
 
 
+PD_PROTOCOL = ("serial", "decode")
+"""The P/D scenario's protocol in the simulator (``--handoff serial --first-token decode``):
+ExampleConnector hands the KV over after the prefill, and ``conductor serve`` gives the
+client the decode engine's first token."""
+MOONCAKE_PROTOCOL = ("stream", "prefill")
+"""The simulator's default: the KV streams during the prefill, whose engine gives the first
+token."""
+
+
 def run_sim(
-    trace: Path, speed: float, policy: str, cost: Any, shape: EngineShape, args: Any
+    trace: Path,
+    speed: float,
+    policy: str,
+    cost: Any,
+    shape: EngineShape,
+    args: Any,
+    protocol: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
+    """One simulation of the slice; ``protocol`` ``(handoff, first_token)``, by default
+    :data:`PD_PROTOCOL` in the P/D scenario and :data:`MOONCAKE_PROTOCOL` otherwise."""
+    if protocol is None:
+        protocol = PD_PROTOCOL if is_pd(args) else MOONCAKE_PROTOCOL
     records = read_trace(trace, block_size_tokens=shape.block_tokens).records
     mt = MaxTokens.parse("trace")
     requests = records_to_requests(
@@ -141,6 +170,8 @@ def run_sim(
         ttft_slo_s=args.ttft_slo_s,
         tbt_slo_s=args.tbt_slo_ms / 1e3,
         gateway_latency_s=getattr(args, "gateway_latency_s", 0.0),
+        handoff=protocol[0],
+        first_token=protocol[1],
     )
     res = simulate(requests, cfg, outputs=generated_tokens(records, mt))
     rows = sim_rows(res.records)
@@ -347,7 +378,10 @@ def handoff(
     load0 = [round(x, 2) for x in os.getloadavg()]
     with gw as url:
         samples = fc.handoff_probe(prefill, decode, url, lengths, args.handoff_samples, seed=7)
-    fit = fit_handoff([(int(r["prompt_tokens"]), r["handoff_s"]) for r in samples])
+    medians = per_length_medians(
+        [HandoffSample(int(r["prompt_tokens"]), r["prefill_s"], r["pd_ttft_s"]) for r in samples]
+    )
+    fit = fit_handoff(kv_moves(medians, cost))  # as conductor profile --handoff-url fits it
     fitted = with_transfer(cost, fit)
     info: dict[str, Any] = {
         "samples": samples,
@@ -374,6 +408,7 @@ def handoff(
             return round(float(sorted(r[key] for r in rows)[len(rows) // 2]), 4)
 
         pre = cost.prefill_s(n, 0)
+        step = cost.decode_step_s(1, n)
         per.append(
             {
                 "prompt_tokens": n,
@@ -381,13 +416,14 @@ def handoff(
                 "decode_leg_ttft_s": med("decode_leg_ttft_s"),
                 "pd_ttft_s": med("pd_ttft_s"),
                 "handoff_s": med("handoff_s"),
+                "decode_step_s": round(step, 4),
                 "fit_s": round(fit.at(n), 4),
                 "cost_prefill_s": round(pre, 4),
                 "profiled_transfer_s": round(cost.transfer_s(n), 4),
                 "fitted_transfer_s": round(use.transfer_s(n), 4),
-                # the simulator streams the transfer from the prefill's start: only what
-                # outlasts the prefill delays the decode; its TTFT ends with the prefill
-                "sim_decode_delay_s": round(max(0.0, use.transfer_s(n) - pre), 4),
+                # the scenario's protocol: the transfer after the prefill, then the decode
+                # engine's first step makes the first token
+                "sim_handoff_s": round(use.transfer_s(n) + step, 4),
             }
         )
     info["by_length"] = per
@@ -402,8 +438,9 @@ def handoff(
     measured = dict(doc.get("measured", {}))
     measured["transfer"] = (
         "bench/fidelity.py --scenario pd hand-off probe (ExampleConnector, shared folder):"
-        f" TTFT through the gateway minus the prefill leg, {fit.n} samples at {lengths}"
-        " tokens, fitted latency_s + tokens * kv_bytes_per_token / bytes_per_s"
+        f" TTFT through the gateway minus the prefill leg, {len(samples)} samples at"
+        f" {lengths} tokens; each length's median less the profiled decode step, fitted"
+        " latency_s + tokens * kv_bytes_per_token / bytes_per_s"
     )
     doc["measured"] = measured
     out = work / "cost-pd.toml"
@@ -414,19 +451,20 @@ def handoff(
 
 
 def analyse_pd(
-    sims: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]], fit: Any,
-    cost: Any,
-) -> dict[str, Any]:  # fmt: skip
-    """P/D: per policy, each measured run against the simulation (``sim``), the
-    simulation with the profile's own ``[transfer]`` (``sim, profile's transfer``) and the
-    simulation's TTFT plus the fitted hand-off (``sim + hand-off``). The hit rate is the
+    sims: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]], cost: Any
+) -> dict[str, Any]:
+    """P/D: per policy, each measured run against the simulation with the scenario's
+    protocol (``sim``), the same with the profile's own ``[transfer]`` (``sim, profile's
+    transfer``), and with Mooncake's protocol (``sim, Mooncake's protocol``). The hit rate is
+    the
     prefill engine's (the decode engine loads every prompt from the connector's files)."""
     out: dict[str, Any] = {}
     for policy, reps in runs.items():
+        mooncake = sims["mooncake"][policy]["rows"]
         variants = {
             f"{policy}: sim": sims["fitted"][policy]["rows"],
             f"{policy}: sim, profile's transfer": sims["profiled"][policy]["rows"],
-            f"{policy}: sim + hand-off": with_handoff(sims["fitted"][policy]["rows"], fit),
+            f"{policy}: sim, Mooncake's protocol": mooncake,
         }
         sim_hit = float(sims["fitted"][policy]["summary"]["cache_hit_rate"])
         for name, rows in variants.items():
@@ -637,6 +675,14 @@ def main() -> int:
             if pd
             else {}
         )
+        sim_mooncake = (
+            {
+                pol: run_sim(trace, speed, pol, cost, shape, args, MOONCAKE_PROTOCOL)
+                for pol in args.policies
+            }
+            if pd
+            else {}
+        )
         real: dict[str, list[dict[str, Any]]] = {}
         if engines:
             real = replays("vllm", engines, cost_file, trace, speed, args, work)
@@ -656,14 +702,16 @@ def main() -> int:
                 e.stop()
     result["sim"] = {pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim.items()}
     if pd:
-        fit = HandoffFit(**result["handoff"]["fit"])
         result["sim_profiled_transfer"] = {
             pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim_profiled.items()
         }
+        result["sim_mooncake_protocol"] = {
+            pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim_mooncake.items()
+        }
         if real:
             result["real"] = strip(real)
-            sims = {"fitted": sim, "profiled": sim_profiled}
-            result["sim_vs_real"] = analyse_pd(sims, real, fit, cost)
+            sims = {"fitted": sim, "profiled": sim_profiled, "mooncake": sim_mooncake}
+            result["sim_vs_real"] = analyse_pd(sims, real, cost)
         return finish(result, args)
     if real:
         result["real"] = strip(real)

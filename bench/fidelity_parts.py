@@ -14,10 +14,9 @@ share and what compares them:
   vLLM's scheduler knobs, the KV room, the block size).
 * :func:`pd_intervals`: a P/D request's time on its prefill engine (sent to first token)
   and on its decode engine (first token to done), for :func:`busy_fraction`.
-* :func:`with_transfer` and :func:`with_handoff`: the measured P/D hand-off (TTFT through
-  the gateway minus the prefill engine's own time; its line in the prompt length is
-  ``conductor.profiling.handoff.fit_handoff``), the cost model's KV transfer set from it,
-  and simulated rows with it added to their TTFT.
+* :func:`with_transfer`: the cost model's KV transfer set from the measured P/D hand-off
+  (TTFT through the gateway minus the prefill engine's own time and the decode step; its
+  line in the prompt length is ``conductor.profiling.handoff.fit_handoff``).
 * :func:`busy_fraction`: utilisation as the share of the trace's span an engine had at least
   one request in flight, computed the same way from replay rows and simulated records.
 * :func:`compare`: per-request and aggregate TTFT/TBT errors of one run against another.
@@ -105,6 +104,8 @@ def sim_config(
     tbt_slo_s: float,
     seed: int = 0,
     gateway_latency_s: float = 0.0,
+    handoff: str = "stream",
+    first_token: str = "prefill",
 ) -> SimConfig:
     """``conductor simulate --both n --prefill P --decode D --cost-file F
     --max-num-batched-tokens .. --max-num-seqs .. --kv-block-tokens B --long-prefill-tokens ..
@@ -112,7 +113,8 @@ def sim_config(
     (and the trace's) ``B`` tokens, as the gateway's is (``serve --block-size B``). The
     prefix cache is the engines' KV room: vLLM caches prefixes in its free KV blocks.
     ``gateway_latency_s``: what the gateway adds to a request's TTFT on idle engines (its two
-    legs), split evenly into the simulator's dispatch and report latencies."""
+    legs), split evenly into the simulator's dispatch and report latencies. ``handoff`` and
+    ``first_token``: the P/D protocol (``--handoff``, ``--first-token``)."""
     sched = SchedulerConfig(
         block_size_tokens=shape.block_tokens,
         ttft_slo_s=ttft_slo_s,
@@ -140,6 +142,8 @@ def sim_config(
         seed=seed,
         dispatch_latency_s=gateway_latency_s / 2,
         report_latency_s=gateway_latency_s / 2,
+        handoff=handoff,
+        first_token=first_token,
     )
 
 
@@ -300,19 +304,6 @@ def with_transfer(cost: CostModel, fit: HandoffFit) -> CostModel | None:
     if read is None:
         return None
     return cost.with_(transfer_bytes_per_s=read[0], transfer_latency_s=read[1])
-
-
-def with_handoff(rows: Iterable[Row], fit: HandoffFit) -> list[dict[str, object]]:
-    """Simulated rows with ``fit``'s hand-off added to each TTFT (the simulator's TTFT ends
-    with the prefill; a P/D client's first token comes from the decode engine after it)."""
-    out: list[dict[str, object]] = []
-    for r in rows:
-        row = dict(r)
-        ttft, prompt = _num(r, "ttft_s"), _num(r, "prompt_tokens")
-        if ttft is not None and prompt is not None:
-            row["ttft_s"] = ttft + fit.at(int(prompt))
-        out.append(row)
-    return out
 
 
 def alone_slowdown(rows: Sequence[Row], cost: CostModel) -> dict[str, float] | None:

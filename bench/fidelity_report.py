@@ -187,15 +187,16 @@ def write_doc(result: dict[str, Any], doc: Path, json_path: Path, plot_path: Pat
 def _handoff_table(h: dict[str, Any]) -> str:
     head = (
         "| prompt tokens | prefill leg (s) | decode leg alone: TTFT (s) | P/D TTFT (s) |"
-        " hand-off = P/D TTFT - prefill leg (s) | fit (s) | cost file: prefill (s) |"
-        " cost file: transfer, profile's option values (s) | cost file: transfer, fitted (s) |"
-        " simulator: decode delayed by (s) |\n|---|---|---|---|---|---|---|---|---|---|\n"
+        " hand-off = P/D TTFT - prefill leg (s) | cost file: decode step (s) | fit: KV move"
+        " (s) | cost file: prefill (s) | cost file: transfer, profile's option values (s) |"
+        " cost file: transfer, fitted (s) | simulator: hand-off = transfer + decode step (s)"
+        " |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = [
         f"| {r['prompt_tokens']} | {r['prefill_s']:.4f} | {r['decode_leg_ttft_s']:.4f} |"
-        f" {r['pd_ttft_s']:.4f} | {r['handoff_s']:.4f} | {r['fit_s']:.4f} |"
-        f" {r['cost_prefill_s']:.4f} | {r['profiled_transfer_s']:.4f} |"
-        f" {r['fitted_transfer_s']:.4f} | {r['sim_decode_delay_s']:.4f} |"
+        f" {r['pd_ttft_s']:.4f} | {r['handoff_s']:.4f} | {r['decode_step_s']:.4f} |"
+        f" {r['fit_s']:.4f} | {r['cost_prefill_s']:.4f} | {r['profiled_transfer_s']:.4f} |"
+        f" {r['fitted_transfer_s']:.4f} | {r['sim_handoff_s']:.4f} |"
         for r in h["by_length"]
     ]
     return head + "\n".join(rows) + "\n"
@@ -245,20 +246,25 @@ def pd_generated(result: dict[str, Any], json_path: Path, plot_path: Path) -> st
         "### The hand-off, measured\n",
         f"One request at a time (load average {h['loadavg_before']} -> {h['loadavg_after']}),"
         " each with a prompt no engine had seen (random token ids), medians of"
-        f" {fit['n'] // max(1, len(h['by_length']))} samples per length after one unmeasured"
-        " round: the prefill leg as the gateway sends it, straight to `p0` (`max_tokens` 1,"
-        " not streamed: compute + the connector's write); the same prompt straight to `d0`,"
-        " streamed (the connector's read, the last partial block, the first token); a fresh"
-        " prompt through the gateway (P/D TTFT). Fit of the hand-off:"
+        f" {len(h['samples']) // max(1, len(h['by_length']))} samples per length after one"
+        " unmeasured round: the prefill leg as the gateway sends it, straight to `p0`"
+        " (`max_tokens` 1, not streamed: compute + the connector's write); the same prompt"
+        " straight to `d0`, streamed (the connector's read, the last partial block, the first"
+        " token); a fresh prompt through the gateway (P/D TTFT). Fit of the KV move (each"
+        " length's median hand-off less the profiled decode step, as `conductor profile"
+        " --handoff-url` fits it):"
         f" {fit['latency_s']:.4f} s + {fit['s_per_token'] * 1e3:.4f} ms per prompt token"
-        f" (largest residual {fit['max_residual_s']:.4f} s over {fit['n']} samples).\n",
+        f" (largest residual {fit['max_residual_s']:.4f} s over {fit['n']} lengths).\n",
         _handoff_table(h),
-        set_line + "The simulator streams a transfer from the prefill's start (layer by layer, as"
-        " NIXL or Mooncake would) and ends a request's TTFT with its prefill: its TTFT holds"
-        " no hand-off at all, and its decode starts late only by what outlasts the prefill"
-        " (last column). ExampleConnector's hand-off is serial: the write inside the prefill"
-        " step, the read and one more step on the decode engine before the client's first"
-        " token.\n",
+        set_line + "ExampleConnector's hand-off is serial: the write inside the prefill step,"
+        " the read and one more step on the decode engine before the client's first token."
+        " The simulator runs this scenario with that protocol (`--handoff serial"
+        " --first-token decode`: the transfer starts when the prefill ends, and TTFT ends"
+        " with the decode engine's first step once the KV is there). With Mooncake's"
+        " protocol, its default, it streams a transfer from the prefill's start and ends"
+        " TTFT with the prefill, so the decode starts late only by what outlasts the"
+        " prefill (the simulator's hand-off column is the scenario's protocol on an idle"
+        " pair).\n",
     ]
     if "real" in result:
         parts += [
@@ -270,11 +276,13 @@ def pd_generated(result: dict[str, Any], json_path: Path, plot_path: Path) -> st
                 result["real"], result["sim"], "d0 / p0 (sim decode-0 / prefill-0)", "p0 / d0"
             ),
             "### Simulator against real vLLM, P/D\n",
-            "`sim`: the simulator with the fitted cost file; `sim, profile's transfer`: with"
-            " the profile's option values; `sim + hand-off`: `sim` with the fitted hand-off"
-            " added to each TTFT (the fit is from the probe above, not from this replay)."
-            " Hit rate: the prefill engine's. The last column divides TTFT (hand-off"
-            " included) by the profiled prefill.\n",
+            "`sim`: the simulator with the fitted cost file and the scenario's protocol"
+            " (serial hand-off, the decode engine's first token); `sim, profile's transfer`:"
+            " the same with the profile's option values; `sim, Mooncake's protocol`: the"
+            " fitted file with the simulator's default protocol (streamed hand-off, TTFT ends"
+            " with the prefill). The fit is from the probe above, not from this replay. Hit"
+            " rate: the prefill engine's. The last column divides TTFT (hand-off included) by the"
+            " profiled prefill.\n",
             _table(result["sim_vs_real"], "sim", "vLLM", "hit_rate_sim"),
             f"![simulated against measured TTFT, P/D]({rel_plot})\n",
         ]

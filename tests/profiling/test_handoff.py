@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from conductor.core.costmodel import preset
 from conductor.core.errors import InvalidInput
 from conductor.profiling.config import ProfileConfig
 from conductor.profiling.handoff import (
     HandoffFit,
     HandoffSample,
     fit_handoff,
+    kv_moves,
     per_length_medians,
     transfer_of,
 )
@@ -69,3 +71,15 @@ def test_the_hand_off_options_are_checked() -> None:
     asked = ProfileConfig(base, handoff_url=base, handoff_lengths=(64, 256), handoff_samples=2)
     # one unmeasured round and two measured, per length
     assert planned_steps(asked) - planned_steps(plain) == 3 * 2
+
+
+def test_the_kv_move_is_the_hand_off_less_the_profiled_decode_step() -> None:
+    """The simulator (``--first-token decode``) and the scheduler add the decode engine's
+    first step themselves, so the transfer fitted is the hand-off without it."""
+    cost = preset("llama3-8b-h100")
+    medians = [(64, 0.05), (1024, 0.2)]
+    moves = kv_moves(medians, cost)
+    assert moves == [
+        (64, 0.05 - cost.decode_step_s(1, 64)),
+        (1024, 0.2 - cost.decode_step_s(1, 1024)),
+    ]

@@ -99,20 +99,24 @@ def print_residuals(result: object) -> None:
     )
     h = result.handoff_fit
     if h is not None:
-        table = Table("prompt tokens", "prefill ms", "P/D ms", "hand-off ms", "fit ms")
-        table.title = "hand-off fit"
+        table = Table(
+            "prompt tokens", "prefill ms", "P/D ms", "hand-off ms", "decode step ms",
+            "KV move fit ms",
+        )  # fmt: skip
+        table.title = "hand-off fit (the KV move: the hand-off less the profiled decode step)"
         for s in result.measurements.handoff:
             table.add_row(
                 str(s.prompt_tokens),
                 f"{s.prefill_s * 1e3:.2f}",
                 f"{s.pd_ttft_s * 1e3:.2f}",
                 f"{s.handoff_s * 1e3:.2f}",
+                f"{result.cost.decode_step_s(1, s.prompt_tokens) * 1e3:.2f}",
                 f"{h.at(s.prompt_tokens) * 1e3:.2f}",
             )
         console.print(table)
         c = result.cost
         console.print(
-            f"hand-off s = {h.latency_s:.4g} + {h.s_per_token:.4g} x prompt tokens"
+            f"KV move s = {h.latency_s:.4g} + {h.s_per_token:.4g} x prompt tokens"
             f" (max residual {h.max_residual_s * 1e3:.2f} ms): "
             + (
                 f"[transfer] bytes_per_s {c.transfer_bytes_per_s:.4g}, latency_s"

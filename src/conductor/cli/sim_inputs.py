@@ -39,6 +39,8 @@ from conductor.cli.sim_options import (
     CppOpt,
     DecodeOpt,
     DelayOpt,
+    FirstTokenOpt,
+    HandoffOpt,
     KvBlockOpt,
     LimitOpt,
     LongPrefillOpt,
@@ -101,6 +103,8 @@ _CLUSTER: tuple[_Spec, ...] = (
     ("correction", CorrectionOpt, DEFAULTS.scheduler.cost_correction),
     ("replicas", ReplicasOpt, DEFAULTS.replicas),
     ("sync_delay_ms", SyncDelayOpt, DEFAULTS.sync_delay_s * 1e3),
+    ("handoff", HandoffOpt, DEFAULTS.handoff),
+    ("first_token", FirstTokenOpt, DEFAULTS.first_token),
 )
 _TRACE: tuple[_Spec, ...] = (
     ("trace", TraceOpt, None),

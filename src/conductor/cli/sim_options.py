@@ -60,6 +60,8 @@ FLAGS = {
     "cost_bias": "--cost-bias",
     "replicas": "--replicas",
     "sync_delay_s": "--sync-delay-ms",
+    "handoff": "--handoff",
+    "first_token": "--first-token",
 }
 """Config field -> the option that sets it."""
 
@@ -167,6 +169,22 @@ ReplicasOpt = Annotated[
 SyncDelayOpt = Annotated[
     float,
     typer.Option("--sync-delay-ms", help="how late replicas see each other's reservations"),
+]
+HandoffOpt = Annotated[
+    str,
+    typer.Option(
+        "--handoff",
+        help="how the P->D KV hand-off runs: stream (layer by layer during the prefill, as"
+        " Mooncake) or serial (after the prefill, as vLLM's ExampleConnector)",
+    ),
+]
+FirstTokenOpt = Annotated[
+    str,
+    typer.Option(
+        "--first-token",
+        help="which engine gives a P/D request's first token: prefill (Mooncake) or decode"
+        " (vLLM's P/D proxy and conductor serve: TTFT holds the hand-off)",
+    ),
 ]
 PoolOpt = Annotated[
     list[str] | None,
@@ -286,6 +304,8 @@ class ClusterOptions:
     sync_delay_ms: float = DEFAULTS.sync_delay_s * 1e3
     pools: tuple[tuple[str, PoolShape], ...] = ()
     """From ``--pool``: each model's pool, in the order given (empty: none given)."""
+    handoff: str = DEFAULTS.handoff
+    first_token: str = DEFAULTS.first_token
 
 
 def build_config(
@@ -337,6 +357,8 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         cost_bias=o.cost_bias,
         replicas=o.replicas,
         sync_delay_s=o.sync_delay_ms / 1e3,
+        handoff=o.handoff,
+        first_token=o.first_token,
         seed=o.seed,
         oracle_lengths=o.oracle_lengths,
         load_sample_every_s=LOAD_SAMPLE_EVERY_S if load_plot else 0.0,

@@ -5,9 +5,12 @@ For each prompt length (fresh blocks every time, so nothing is cached anywhere),
 straight to the profiled prefill engine (``max_tokens`` 1: the prefill leg alone) and one of
 the same length through the gateway in front of a prefill and a decode engine (its prefill
 leg, the KV hand-off, the decode engine's first token). Their difference is the hand-off as
-a client sees it: moving the prompt's KV and the decode engine's first step. A line through
-(prompt tokens, median hand-off seconds per length) gives the cost model's transfer:
-``latency_s`` its intercept (at least 0), ``bytes_per_s`` a token's KV bytes over its slope.
+a client sees it: moving the prompt's KV and the decode engine's first step. The cost
+model's transfer is the move alone (the simulator and the scheduler add the decode step
+themselves), so :func:`kv_moves` takes the profiled step (one request at the prompt's
+context) off each length's median; a line through (prompt tokens, KV move seconds) gives
+``latency_s`` (its intercept, at least 0) and ``bytes_per_s`` (a token's KV bytes over its
+slope).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from conductor.core.costmodel import CostModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,12 @@ def per_length_medians(samples: Sequence[HandoffSample]) -> list[tuple[int, floa
     for h in samples:
         by.setdefault(h.prompt_tokens, []).append(h.handoff_s)
     return [(n, float(np.median(by[n]))) for n in sorted(by)]
+
+
+def kv_moves(medians: Sequence[tuple[int, float]], cost: CostModel) -> list[tuple[int, float]]:
+    """Each (prompt tokens, median hand-off seconds) less the decode engine's first step as
+    ``cost`` predicts it (one request holding the prompt's context): the KV move alone."""
+    return [(n, s - cost.decode_step_s(1, n)) for n, s in medians]
 
 
 def transfer_of(fit: HandoffFit, kv_bytes_per_token: int) -> tuple[float, float] | None:

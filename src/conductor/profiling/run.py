@@ -22,7 +22,13 @@ from conductor.profiling.config import (
 )
 from conductor.profiling.engine import EngineFacts, engine_facts, model_spec, served_model
 from conductor.profiling.fit import Fit, cost_model, fit, measured_table
-from conductor.profiling.handoff import HandoffFit, fit_handoff, per_length_medians, transfer_of
+from conductor.profiling.handoff import (
+    HandoffFit,
+    fit_handoff,
+    kv_moves,
+    per_length_medians,
+    transfer_of,
+)
 from conductor.profiling.measure import Measurements, Profiler, Step
 from conductor.workload.prompts import word_pool
 
@@ -83,7 +89,7 @@ def profile(
     measured = False
     transfer = "not measured (option values)"
     if measurements.handoff:
-        hfit = fit_handoff(per_length_medians(measurements.handoff))
+        hfit = fit_handoff(kv_moves(per_length_medians(measurements.handoff), cost))
         read = transfer_of(hfit, cost.kv_bytes_per_token)
         if read is None:
             transfer = (
@@ -134,5 +140,5 @@ def _handoff_table(m: Measurements, fit: HandoffFit) -> dict[str, object]:
         " to the first token",
         "handoff_fit": [round(fit.latency_s, 6), fit.s_per_token, round(fit.max_residual_s, 6)],
         "handoff_fit_columns": "latency s, s per prompt token, max residual s (through the"
-        " median hand-off per length)",
+        " median hand-off per length less the profiled decode step: the KV move)",
     }

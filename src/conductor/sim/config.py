@@ -10,6 +10,12 @@ from conductor.core.costmodel import DEFAULT_PRESET, CostModel, preset
 from conductor.core.errors import InvalidInput
 from conductor.core.policies import DEFAULT_POLICY, check_policy
 
+HANDOFFS = ("stream", "serial")
+"""How a P->D KV hand-off runs (:attr:`SimConfig.handoff`)."""
+FIRST_TOKEN_SOURCES = ("prefill", "decode")
+"""Which engine gives a disaggregated request's client its first token
+(:attr:`SimConfig.first_token`)."""
+
 CACHE_CAPACITY_TOKENS = 3_000_000
 """A prefill instance's DRAM KV cache in FAST §5.3.2 (also ``conductor trace stats``' LRU)."""
 
@@ -71,6 +77,16 @@ class SimConfig:
     ``replicas``: scheduler replicas the arrivals are spread over (round-robin), each seeing
     the others' reservations ``sync_delay_s`` late (:mod:`conductor.sim.replicas`);
     ``replica_stagger``: each replica breaks exact ties in its own instance order.
+    ``handoff`` and ``first_token``: the serving stack's P/D protocol. ``handoff="stream"``:
+    the KV streams to the decode engine layer by layer during the prefill (Mooncake;
+    NIXL pushing per layer); ``"serial"``: it starts once the prefill has ended (vLLM's
+    ExampleConnector, a decode engine that pulls after the prefill leg answered).
+    ``first_token="prefill"``: the prefill engine streams the first token, so TTFT ends
+    with the prefill and the hand-off's tail is the first token interval (Mooncake);
+    ``"decode"``: the client's first token is the decode engine's, made in its first step
+    once the KV is there (vLLM's disaggregated proxy and ``conductor serve``: the prefill
+    leg's own token is dropped), so TTFT holds the hand-off and that step. Requests that
+    decode where they were prefilled (``role=both``) are not affected.
     """
 
     policy: str = DEFAULT_POLICY
@@ -95,6 +111,8 @@ class SimConfig:
     replicas: int = 1
     sync_delay_s: float = 0.0
     replica_stagger: bool = True
+    handoff: str = "stream"
+    first_token: str = "prefill"
 
     def __post_init__(self) -> None:
         check_policy(self.policy)
@@ -113,6 +131,11 @@ class SimConfig:
             raise InvalidInput("cost_bias", self.cost_bias, "must be > -1 (engines 1 + B times)")
         check_at_least("replicas", self.replicas, 1)
         check_at_least("sync_delay_s", self.sync_delay_s, 0)
+        if self.handoff not in HANDOFFS:
+            raise InvalidInput("handoff", self.handoff, f"must be one of {', '.join(HANDOFFS)}")
+        if self.first_token not in FIRST_TOKEN_SOURCES:
+            one_of = ", ".join(FIRST_TOKEN_SOURCES)
+            raise InvalidInput("first_token", self.first_token, f"must be one of {one_of}")
 
     @property
     def cache_capacity_blocks(self) -> int | None:

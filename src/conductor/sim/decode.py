@@ -28,7 +28,9 @@ class DecodeSide:
 
     A request that joins with ``output_tokens`` to emit in all has had its first token
     from the prefill engine, so it decodes ``output_tokens - 1`` more (one per step) and
-    then leaves, telling the scheduler how many tokens it really produced."""
+    then leaves, telling the scheduler how many tokens it really produced; with
+    ``first_token="decode"`` it decodes all ``output_tokens`` here, the first of them the
+    client's first token."""
 
     def __init__(
         self,
@@ -52,13 +54,14 @@ class DecodeSide:
         node = self.engines[decode]
         rec = self.records[i]
         rec.decode_join_s = t
-        if rec.output_tokens <= 1:
+        tokens = rec.output_tokens if rec.decode_emits_first else rec.output_tokens - 1
+        if tokens <= 0:
             rec.finish_s = t
             rec.tbt_s = 0.0
             self.finished(t, node, i)
             return
         prompt = rec.prompt_tokens
-        seq = Seq(i, None, prompt, rec.output_tokens - 1, decodes=True, computed=prompt)
+        seq = Seq(i, None, prompt, tokens, decodes=True, computed=prompt)
         seq.started = True
         seq.factor = seq.noise = self.loop.engine_cost.job_factor(self.requests[i].request_id)
         self.loop.segments[i] = []
@@ -88,7 +91,15 @@ class DecodeSide:
             if not segs:
                 rec.tbt_s = 0.0
                 continue
-            if len(segs) == 1:
+            if rec.decode_emits_first:  # the first step's token is the first token
+                node, a, b = segs[0]
+                rec.first_token_s = float(ends[node.iid][a])
+                if len(segs) == 1:
+                    intervals = diffs[node.iid][a:b]
+                else:
+                    times = np.concatenate([ends[n.iid][a : b + 1] for n, a, b in segs])
+                    intervals = np.diff(times)
+            elif len(segs) == 1:
                 node, a, b = segs[0]
                 e = ends[node.iid]
                 intervals = np.concatenate(([e[a] - pe], diffs[node.iid][a:b]))

@@ -296,9 +296,10 @@ class PrefillSide:
             self.loop.kick(t, lead)
 
     def hand_off(self, t: float, node: Engine, seq: Seq, overlap_s: float) -> None:
-        """Send ``seq``'s KV from ``node`` to its decode engine. The transfer streams layer
-        by layer during the prefill (it may have started ``overlap_s`` before ``t``), over
-        ``node``'s egress and the decode engine's ingress."""
+        """Send ``seq``'s KV from ``node`` to its decode engine, over ``node``'s egress and
+        the decode engine's ingress. With ``handoff="stream"`` the transfer streams layer by
+        layer during the prefill (it may have started ``overlap_s`` before ``t``); with
+        ``"serial"`` it starts at ``t``."""
         assert seq.plan is not None
         i = seq.index
         req = self.requests[i]
@@ -316,5 +317,8 @@ class PrefillSide:
         if dst is node:
             self.push(t, DecodeJoin(decode_iid, i))
             return
+        rec.decode_emits_first = self.cfg.first_token == "decode"
+        if self.cfg.handoff == "serial":
+            overlap_s = 0.0
         end = transfer(node, dst, t - overlap_s, self.cost.transfer_s(req.prompt_tokens))
         self.push(end if end > t else t, DecodeJoin(decode_iid, i))

@@ -30,6 +30,12 @@ class RequestRecord:
     """How long after the engine's first token the client sees it (``report_latency_s``)."""
     prefill_compute_s: float = 0.0
     decode_join_s: float | None = None
+    decode_emits_first: bool = False
+    """The decode engine makes the client's first token (``SimConfig.first_token ==
+    "decode"`` and a separate decode engine)."""
+    first_token_s: float | None = None
+    """When the decode engine made the first token (``decode_emits_first``); None: the
+    prefill's end is the first token."""
     finish_s: float | None = None
     tbt_s: float | None = None
     cpp_nodes: int = 1
@@ -43,7 +49,10 @@ class RequestRecord:
     def ttft_s(self) -> float | None:
         if self.prefill_end_s is None or self.rejected is not None:
             return None
-        return self.prefill_end_s + self.first_token_lag_s - self.arrival_s
+        first = self.first_token_s if self.decode_emits_first else self.prefill_end_s
+        if first is None:
+            return None
+        return first + self.first_token_lag_s - self.arrival_s
 
     @property
     def completed(self) -> bool:
