@@ -43,9 +43,10 @@ per-length medians (as ``conductor profile --handoff-url`` fits it); the cost fi
 ``[transfer]`` (``conductor profile`` without ``--handoff-url`` writes option values there,
 not measurements) is set
 from that fit, and that file is the one the gateway and the simulator use. Compared: the
-simulator with the scenario's protocol (``--handoff serial --first-token decode``: the KV
-moves after the prefill and the client's first token is the decode engine's, so TTFT holds
-the hand-off and one decode step), the same with the profile's own ``[transfer]``, and
+simulator with the scenario's protocol (``--handoff load --first-token decode``: the decode
+engine reads the KV inside the step that admits the request, stalling its other streams,
+and the client's first token is the decode engine's, so TTFT holds the read and one decode
+step), the same with the profile's own ``[transfer]``, and
 Mooncake's protocol (the simulator's default: streamed hand-off, TTFT ends with the
 prefill). The doc's "P/D scenario"
 section is rewritten; the rest of the doc is left alone.
@@ -62,6 +63,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -129,16 +131,18 @@ def write_slice(limit: int, offset: int, scaling: Scaling, path: Path) -> int:
     records = read_trace(bundled_trace_path(), limit=offset + limit).records[offset:]
     t0 = records[0].timestamp_ms
     scaled = scale_records(records, scaling)
-    from dataclasses import replace
 
     write_trace([replace(r, timestamp_ms=r.timestamp_ms - t0) for r in scaled], path)
     return len(scaled)
 
 
-PD_PROTOCOL = ("serial", "decode")
-"""The P/D scenario's protocol in the simulator (``--handoff serial --first-token decode``):
-ExampleConnector hands the KV over after the prefill, and ``conductor serve`` gives the
-client the decode engine's first token."""
+PD_PROTOCOL = ("load", "decode")
+"""The P/D scenario's protocol in the simulator (``--handoff load --first-token decode``):
+ExampleConnector's decode engine reads the KV files inside the step that admits the
+request, and ``conductor serve`` gives the client the decode engine's first token."""
+NIC_PD_PROTOCOL = ("serial", "decode")
+"""The same with the KV moved over the NICs after the prefill (no stall of the decode
+engine's other streams): what modelling the load in the decode step buys."""
 MOONCAKE_PROTOCOL = ("stream", "prefill")
 """The simulator's default: the KV streams during the prefill, whose engine gives the first
 token."""
@@ -173,6 +177,10 @@ def run_sim(
         handoff=protocol[0],
         first_token=protocol[1],
     )
+    h = getattr(args, "hold_horizon_ms", None)
+    if h is not None:  # the gateway's horizon, in the simulated scheduler too
+        params = {"late_binding_horizon_s": h / 1e3}
+        cfg = replace(cfg, scheduler=replace(cfg.scheduler, policy_params=params))
     res = simulate(requests, cfg, outputs=generated_tokens(records, mt))
     rows = sim_rows(res.records)
     window = (requests[0].arrival_s, requests[-1].arrival_s)
@@ -251,6 +259,12 @@ def measured_busy(rows: list[dict[str, Any]], args: Any = None) -> dict[str, flo
     return busy_fraction(intervals(rows, args), (min(arrivals), max(arrivals)))
 
 
+def hold_args(args: Any) -> list[str]:
+    """``conductor serve``'s hold-queue horizon, when ``--hold-horizon-ms`` gives one."""
+    h = getattr(args, "hold_horizon_ms", None)
+    return [] if h is None else ["--set", f"hold_horizon_ms={h}"]
+
+
 def replays(
     kind: str, engines: list[fc.Engine], cost_file: Path, trace: Path, speed: float,
     args: Any, work: Path,
@@ -267,6 +281,7 @@ def replays(
             gw = fc.gateway(
                 engines, cost_file, policy, args.admission, args.flags, work,
                 ttft_slo_s=args.ttft_slo_s, tbt_slo_ms=args.tbt_slo_ms,
+                extra_args=hold_args(args),
             )  # fmt: skip
             with gw as url:
                 seed = 1 + rep * len(args.policies) + i
@@ -455,8 +470,8 @@ def analyse_pd(
 ) -> dict[str, Any]:
     """P/D: per policy, each measured run against the simulation with the scenario's
     protocol (``sim``), the same with the profile's own ``[transfer]`` (``sim, profile's
-    transfer``), and with Mooncake's protocol (``sim, Mooncake's protocol``). The hit rate is
-    the
+    transfer``), with the KV over a NIC after the prefill (``sim, hand-off over a NIC``) and
+    with Mooncake's protocol (``sim, Mooncake's protocol``). The hit rate is the
     prefill engine's (the decode engine loads every prompt from the connector's files)."""
     out: dict[str, Any] = {}
     for policy, reps in runs.items():
@@ -464,6 +479,7 @@ def analyse_pd(
         variants = {
             f"{policy}: sim": sims["fitted"][policy]["rows"],
             f"{policy}: sim, profile's transfer": sims["profiled"][policy]["rows"],
+            f"{policy}: sim, hand-off over a NIC": sims["nic"][policy]["rows"],
             f"{policy}: sim, Mooncake's protocol": mooncake,
         }
         sim_hit = float(sims["fitted"][policy]["summary"]["cache_hit_rate"])
@@ -514,6 +530,14 @@ def main() -> int:
     p.add_argument("--handoff-samples", type=int, default=5, help="pd probe, per length")
     p.add_argument("--cost-file", type=Path, default=None, help="default: profile e0 now")
     p.add_argument("--admission", default="off")
+    p.add_argument(
+        "--hold-horizon-ms",
+        type=float,
+        default=None,
+        help="conductor's hold queue releases a request once its engine is predicted free"
+        " within this long (gateway --set hold_horizon_ms and the simulator; default: the"
+        " policy's, 0)",
+    )
     p.add_argument(
         "--gateway-latency",
         default="measure",
@@ -599,6 +623,7 @@ def main() -> int:
         "engine_flags": {k: str(getattr(args.flags, k)) for k in fc.EngineFlags.__slots__},
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "admission": args.admission,
+        "hold_horizon_ms": args.hold_horizon_ms,
         "warmup_replays": args.warmup,
         "profile_both": args.profile_both,
         "pin": args.pin,
@@ -683,6 +708,14 @@ def main() -> int:
             if pd
             else {}
         )
+        sim_nic = (
+            {
+                pol: run_sim(trace, speed, pol, cost, shape, args, NIC_PD_PROTOCOL)
+                for pol in args.policies
+            }
+            if pd
+            else {}
+        )
         real: dict[str, list[dict[str, Any]]] = {}
         if engines:
             real = replays("vllm", engines, cost_file, trace, speed, args, work)
@@ -705,12 +738,20 @@ def main() -> int:
         result["sim_profiled_transfer"] = {
             pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim_profiled.items()
         }
+        result["sim_nic_handoff"] = {
+            pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim_nic.items()
+        }
         result["sim_mooncake_protocol"] = {
             pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim_mooncake.items()
         }
         if real:
             result["real"] = strip(real)
-            sims = {"fitted": sim, "profiled": sim_profiled, "mooncake": sim_mooncake}
+            sims = {
+                "fitted": sim,
+                "profiled": sim_profiled,
+                "mooncake": sim_mooncake,
+                "nic": sim_nic,
+            }
             result["sim_vs_real"] = analyse_pd(sims, real, cost)
         return finish(result, args)
     if real:

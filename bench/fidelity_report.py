@@ -258,9 +258,10 @@ def pd_generated(result: dict[str, Any], json_path: Path, plot_path: Path) -> st
         _handoff_table(h),
         set_line + "ExampleConnector's hand-off is serial: the write inside the prefill step,"
         " the read and one more step on the decode engine before the client's first token."
-        " The simulator runs this scenario with that protocol (`--handoff serial"
-        " --first-token decode`: the transfer starts when the prefill ends, and TTFT ends"
-        " with the decode engine's first step once the KV is there). With Mooncake's"
+        " The simulator runs this scenario with that protocol (`--handoff load"
+        " --first-token decode`: the decode engine reads the KV inside the step that admits"
+        " the request, which that long stalls every stream decoding there, and TTFT ends with"
+        " that step). With Mooncake's"
         " protocol, its default, it streams a transfer from the prefill's start and ends"
         " TTFT with the prefill, so the decode starts late only by what outlasts the"
         " prefill (the simulator's hand-off column is the scenario's protocol on an idle"
@@ -277,12 +278,14 @@ def pd_generated(result: dict[str, Any], json_path: Path, plot_path: Path) -> st
             ),
             "### Simulator against real vLLM, P/D\n",
             "`sim`: the simulator with the fitted cost file and the scenario's protocol"
-            " (serial hand-off, the decode engine's first token); `sim, profile's transfer`:"
-            " the same with the profile's option values; `sim, Mooncake's protocol`: the"
-            " fitted file with the simulator's default protocol (streamed hand-off, TTFT ends"
-            " with the prefill). The fit is from the probe above, not from this replay. Hit"
-            " rate: the prefill engine's. The last column divides TTFT (hand-off included) by the"
-            " profiled prefill.\n",
+            " (the decode engine reads the KV in its step and makes the first token); `sim,"
+            " profile's transfer`: the same with the profile's option values; `sim, hand-off"
+            " over a NIC`: the fitted file, the KV moved over the NICs after the prefill"
+            " (`--handoff serial`: no stall of the other streams); `sim, Mooncake's protocol`:"
+            " the fitted file with the simulator's default protocol"
+            " (streamed hand-off, TTFT ends with the prefill). The fit is from the probe above,"
+            " not from this replay. Hit rate: the prefill engine's. The last column divides"
+            " TTFT (hand-off included) by the profiled prefill.\n",
             _table(result["sim_vs_real"], "sim", "vLLM", "hit_rate_sim"),
             f"![simulated against measured TTFT, P/D]({rel_plot})\n",
         ]

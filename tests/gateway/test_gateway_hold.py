@@ -21,6 +21,7 @@ import pytest
 
 from conductor.cli.serve_config import build_settings
 from conductor.core.config import SchedulerConfig
+from conductor.core.errors import InvalidInput
 from conductor.core.events import PrefillFinished
 from conductor.core.plan import Plan, Rejection
 from conductor.core.policies.colocated import ColocatedDecode
@@ -435,6 +436,19 @@ def test_a_serve_config_switches_late_binding_off(tmp_path: Path) -> None:
     off = build_settings({"model_path": str(model)}, [spec], sets=["late_binding=false"])
     assert off.scheduler.policy_params == {"late_binding": 0.0}
     assert off.describe()["late_binding"] is False
+
+
+def test_a_serve_config_sets_the_hold_horizon(tmp_path: Path) -> None:
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
+    spec = "http://127.0.0.1:8100,role=both"
+    early = build_settings({"model_path": str(model)}, [spec], sets=["hold_horizon_ms=25"])
+    assert early.scheduler.policy_params == {"late_binding_horizon_s": 0.025}
+    assert early.describe()["hold_horizon_s"] == 0.025
+    assert build_settings({"model_path": str(model)}, [spec]).describe()["hold_horizon_s"] is None
+    with pytest.raises(InvalidInput, match="hold_horizon_ms"):
+        build_settings({"model_path": str(model)}, [spec], sets=["hold_horizon_ms=-1"])
 
 
 async def test_with_several_models_each_pool_holds_in_its_own_queue() -> None:

@@ -80,6 +80,46 @@ def test_with_the_decode_s_first_token_ttft_holds_the_hand_off_and_one_step(hand
     assert rec.tbt_s == pytest.approx(step, rel=1e-3)  # the context grows a token a step
 
 
+def test_a_kv_load_holds_no_nic_and_lengthens_the_step_that_admits_it() -> None:
+    """``handoff="load"`` (ExampleConnector): the request joins the decode engine when the
+    prefill ends, and its first step there takes the KV read on top of the decode step."""
+    rec = _one("load", "decode")
+    assert rec.decode_join_s == rec.prefill_end_s
+    assert rec.decode_join_s is not None and rec.first_token_s is not None
+    step = _step(PROMPT + 1)
+    assert rec.first_token_s == pytest.approx(rec.decode_join_s + _transfer() + step, abs=1e-12)
+    assert rec.tbt_s == pytest.approx(step, rel=1e-3)
+
+
+def _pair(handoff: str) -> tuple[RequestRecord, RequestRecord]:
+    """A request decoding 100 tokens, and a second one answering one token that reaches
+    the same decode engine while it decodes."""
+    cfg = SimConfig(
+        policy="round_robin",
+        n_prefill=1,
+        n_decode=1,
+        scheduler=SchedulerConfig(admission="off"),
+        handoff=handoff,
+        first_token="decode",
+    )
+    reqs = [
+        Request(RequestId("r0"), 512, (BlockHash(1),), 100, 0.0),
+        Request(RequestId("r1"), PROMPT, tuple(BlockHash(100 + b) for b in range(8)), 1, 1.0),
+    ]
+    a, b = simulate(reqs, cfg, outputs=[100, 1]).records
+    return a, b
+
+
+def test_a_kv_load_stalls_the_requests_decoding_beside_it() -> None:
+    """The second's KV read runs in the decode engine's step, so the first, decoding there,
+    finishes that much later than when the KV comes over a NIC (``serial``)."""
+    over_nic, _ = _pair("serial")
+    loaded, b = _pair("load")
+    assert loaded.finish_s is not None and over_nic.finish_s is not None
+    assert loaded.finish_s - over_nic.finish_s == pytest.approx(_transfer(), abs=1e-9)
+    assert b.decode_join_s == b.prefill_end_s
+
+
 def test_a_one_token_answer_from_the_decode_engine_has_no_interval() -> None:
     rec = _one("serial", "decode", out=1)
     assert rec.decode_join_s is not None and rec.first_token_s is not None

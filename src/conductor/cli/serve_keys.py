@@ -36,6 +36,8 @@ class ServeOptions:
     ``model_name`` None: the model folder's name; ``max_model_len`` None: the model's
     ``config.json``; ``admission`` None: the policy's own; ``late_binding`` False: no
     late-binding queue even if the policy has one (``policy_params["late_binding"] = 0``);
+    ``hold_horizon_ms``: that queue releases a request once its instance is predicted free
+    within this long (``policy_params["late_binding_horizon_s"]``; None: the policy's own);
     ``preset``: a
     :data:`~conductor.core.costmodel.PRESETS` name, or ``cost_file``: a file ``conductor
     profile`` wrote (not both); either recalibrated by ``prefill_tokens_per_s`` /
@@ -49,6 +51,7 @@ class ServeOptions:
     policy: str = DEFAULT_POLICY
     admission: str | None = None
     late_binding: bool = True
+    hold_horizon_ms: float | None = None
     preset: str = DEFAULT_PRESET
     cost_file: str | None = None
     prefill_tokens_per_s: float | None = None
@@ -59,6 +62,8 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         check_at_least("workers", self.workers, 1)
+        if self.hold_horizon_ms is not None:
+            check_at_least("hold_horizon_ms", self.hold_horizon_ms, 0)
         check_policy(self.policy)
         preset(self.preset)
         check_choice("log_level", self.log_level, LOG_LEVELS)
@@ -88,6 +93,7 @@ KEYS: dict[str, Key] = {
     "policy": Key(ServeOptions, "policy"),
     "admission": Key(ServeOptions, "admission"),
     "late_binding": Key(ServeOptions, "late_binding"),
+    "hold_horizon_ms": Key(ServeOptions, "hold_horizon_ms"),
     "preset": Key(ServeOptions, "preset"),
     "cost_file": Key(ServeOptions, "cost_file"),
     "prefill_tokens_per_s": Key(ServeOptions, "prefill_tokens_per_s"),

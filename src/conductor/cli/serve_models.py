@@ -24,7 +24,7 @@ from pathlib import Path
 from conductor.cli.cost_source import read_cost_file
 from conductor.cli.serve_engines import parse_engine_spec
 from conductor.cli.serve_values import Values
-from conductor.core.checks import check_positive
+from conductor.core.checks import check_at_least, check_positive
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel, preset
 from conductor.core.errors import InvalidInput
@@ -35,8 +35,9 @@ from conductor.gateway.model_config import ModelConfig
 from conductor.gateway.tokenizer import read_max_model_len
 
 MODEL_KEYS = ("name", "path", "served_name", "max_model_len", "block_size", "policy",
-              "admission", "late_binding", "preset", "cost_file", "prefill_tokens_per_s",
-              "decode_step_ms", "ttft_slo_s", "tbt_slo_ms", "seed")  # fmt: skip
+              "admission", "late_binding", "hold_horizon_ms", "preset", "cost_file",
+              "prefill_tokens_per_s", "decode_step_ms", "ttft_slo_s", "tbt_slo_ms",
+              "seed")  # fmt: skip
 """The keys of a ``[[models]]`` table."""
 ONE_MODEL_KEYS = ("model_path", "model_name", "max_model_len")
 """Keys of the one-model shorthand, which ``[[models]]`` replaces."""
@@ -66,10 +67,22 @@ class ModelSettings:
             "policy": self.policy,
             "admission": self.scheduler.admission,
             "late_binding": self.scheduler.policy_params.get("late_binding", 1.0) != 0.0,
+            "hold_horizon_s": self.scheduler.policy_params.get("late_binding_horizon_s"),
             "cost_model": self.cost.name,
             "ttft_slo_s": self.scheduler.ttft_slo_s,
             "tbt_slo_s": self.scheduler.tbt_slo_s,
         }
+
+
+def hold_params(late_binding: bool, horizon_ms: float | None) -> dict[str, float]:
+    """The scheduler's ``policy_params`` for the hold queue: off, or its horizon when given
+    (``hold_horizon_ms``, checked >= 0)."""
+    if not late_binding:
+        return {"late_binding": 0.0}
+    if horizon_ms is None:
+        return {}
+    check_at_least("hold_horizon_ms", horizon_ms, 0)
+    return {"late_binding_horizon_s": horizon_ms / 1e3}
 
 
 def scheduling(
@@ -97,7 +110,7 @@ def scheduling(
         tbt_slo_s=v.float_("tbt_slo_ms") / 1e3,
         admission=v.opt_str("admission") or str(defaults.get("admission", "off")),
         # late_binding = false: the policy's hold queue off (conductor.core.late_binding)
-        policy_params={} if v.bool_("late_binding") else {"late_binding": 0.0},
+        policy_params=hold_params(v.bool_("late_binding"), v.opt_float("hold_horizon_ms")),
         # Chunked pipeline parallel prefill spans engines; vLLM cannot run it, so plans must
         # not contain it whatever the policy's defaults say.
         cpp_enabled=False,

@@ -174,8 +174,9 @@ HandoffOpt = Annotated[
     str,
     typer.Option(
         "--handoff",
-        help="how the P->D KV hand-off runs: stream (layer by layer during the prefill, as"
-        " Mooncake) or serial (after the prefill, as vLLM's ExampleConnector)",
+        help="how the P->D KV hand-off runs: stream (over the NICs, layer by layer during the"
+        " prefill, as Mooncake), serial (over the NICs, after the prefill) or load (the decode"
+        " engine reads it inside the step that admits the request, as vLLM's ExampleConnector)",
     ),
 ]
 FirstTokenOpt = Annotated[

@@ -10,7 +10,7 @@ from conductor.core.costmodel import DEFAULT_PRESET, CostModel, preset
 from conductor.core.errors import InvalidInput
 from conductor.core.policies import DEFAULT_POLICY, check_policy
 
-HANDOFFS = ("stream", "serial")
+HANDOFFS = ("stream", "serial", "load")
 """How a P->D KV hand-off runs (:attr:`SimConfig.handoff`)."""
 FIRST_TOKEN_SOURCES = ("prefill", "decode")
 """Which engine gives a disaggregated request's client its first token
@@ -80,7 +80,10 @@ class SimConfig:
     ``handoff`` and ``first_token``: the serving stack's P/D protocol. ``handoff="stream"``:
     the KV streams to the decode engine layer by layer during the prefill (Mooncake;
     NIXL pushing per layer); ``"serial"``: it starts once the prefill has ended (vLLM's
-    ExampleConnector, a decode engine that pulls after the prefill leg answered).
+    a decode engine that pulls over its NIC after the prefill leg answered); ``"load"``: the
+    decode engine reads the KV itself inside the step that admits the request, which that
+    long stalls every request decoding there, and no NIC is held (vLLM's ExampleConnector
+    loading its files before the forward pass).
     ``first_token="prefill"``: the prefill engine streams the first token, so TTFT ends
     with the prefill and the hand-off's tail is the first token interval (Mooncake);
     ``"decode"``: the client's first token is the decode engine's, made in its first step

@@ -39,8 +39,13 @@ class DecodeSide:
         records: list[RequestRecord],
         engines: dict[InstanceId, Engine],
         loop: EngineLoop,
+        *,
+        load_kv: bool = False,
     ) -> None:
         self.scheduler = scheduler
+        self.load_kv = load_kv
+        """The decode engine reads a request's KV in the step that admits it
+        (``SimConfig.handoff == "load"``)."""
         self.requests = requests
         self.records = records
         self.engines = engines
@@ -62,6 +67,8 @@ class DecodeSide:
             return
         prompt = rec.prompt_tokens
         seq = Seq(i, None, prompt, tokens, decodes=True, computed=prompt)
+        if self.load_kv and rec.prefill != decode:
+            seq.load_s = self.loop.engine_cost.nominal.transfer_s(prompt)
         seq.started = True
         seq.factor = seq.noise = self.loop.engine_cost.job_factor(self.requests[i].request_id)
         self.loop.segments[i] = []

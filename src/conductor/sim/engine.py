@@ -91,6 +91,8 @@ class EngineLoop:
         self.queue = events
         self.order = 0
         self.preempted = False
+        self.step_load_s = 0.0
+        """KV loads of the requests the step being formed admits (``Seq.load_s``)."""
         self.segments: dict[int, list[Segment]] = {}
         self.steps: dict[InstanceId, EngineStep] = {}
         self.on_start: Hook = _noop
@@ -117,6 +119,7 @@ class EngineLoop:
     # -- forming a step ------------------------------------------------------------------
     def form(self, t: float, e: Engine) -> None:
         self.preempted = False
+        self.step_load_s = 0.0
         k = len(e.step_ends)
         n = len(e.decoding)
         if n and e.pre_blocks + (e.ctx + n * (e.block - 1)) // e.block > e.kv_blocks:
@@ -139,12 +142,14 @@ class EngineLoop:
             return
         fixed = self.fixed_s
         exact = self.exact
+        load = self.step_load_s
         if n:
             dur = self.step_s(n, e.ctx)
             if not exact:
                 dur *= self.scale * e.fsum / n
-            if not chunks:
+            if not chunks and not load:
                 self.observe(e, t, dur, n)
+            dur += load
         else:
             dur = fixed
         if chunks:
@@ -283,6 +288,9 @@ class EngineLoop:
             running += 1
             budget -= c
             if joins:
+                if s.load_s:
+                    self.step_load_s += s.load_s
+                    s.load_s = 0.0
                 self.start_decode(e, s, k)
                 s.seg_first = k
                 continue

@@ -31,7 +31,9 @@ class Seq:
     ``k`` writes one more; it emits its last token in step ``last``; its current run of
     token-emitting steps began at ``seg_first``. ``order``: when it was (last) admitted to
     the running set — the newest is preempted first. ``exclusive_s > 0``: a chunked-pipeline
-    stage that runs alone for that long (``group``). ``fetch_pending``: waits for remote
+    stage that runs alone for that long (``group``). ``load_s``: a decode that reads its
+    prompt's KV itself (``handoff="load"``) adds this to the step that admits it.
+    ``fetch_pending``: waits for remote
     prefix blocks (skipped by admission until they arrive). ``factor``: its engine-cost job
     factor (:mod:`conductor.sim.perturb`); ``noise``: what its prefill chunks are multiplied
     by (the factor, times ``prefill_noise``'s draw)."""
@@ -48,6 +50,7 @@ class Seq:
         "helper",
         "index",
         "last",
+        "load_s",
         "noise",
         "order",
         "plan",
@@ -87,6 +90,7 @@ class Seq:
         self.started = False
         self.fetch_pending = False
         self.exclusive_s = 0.0
+        self.load_s = 0.0
         self.group: CppGroup | None = None
         self.helper = False
 

@@ -318,6 +318,9 @@ class PrefillSide:
             self.push(t, DecodeJoin(decode_iid, i))
             return
         rec.decode_emits_first = self.cfg.first_token == "decode"
+        if self.cfg.handoff == "load":  # the decode engine reads it in its step
+            self.push(t, DecodeJoin(decode_iid, i))
+            return
         if self.cfg.handoff == "serial":
             overlap_s = 0.0
         end = transfer(node, dst, t - overlap_s, self.cost.transfer_s(req.prompt_tokens))

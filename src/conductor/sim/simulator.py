@@ -145,7 +145,14 @@ class _Simulation:
         self.prefill = PrefillSide(
             cfg, self.scheduler, requests, self.records, self.events, self.engines, self.loop
         )
-        self.decode = DecodeSide(self.scheduler, requests, self.records, self.engines, self.loop)
+        self.decode = DecodeSide(
+            self.scheduler,
+            requests,
+            self.records,
+            self.engines,
+            self.loop,
+            load_kv=cfg.handoff == "load",
+        )
         self.decode.on_release = self.prefill.release
 
     def run(self, progress: Progress | None) -> None:
