@@ -42,6 +42,18 @@ done
 for kind in docqa mixed; do
   $C compare --trace $R/synth_$kind.jsonl --speed 2 --json $R/compare_synth_${kind}_2x.json --markdown $R/compare_synth_${kind}_2x.md
 done
+# the vLLM P/D protocol (the decode engine's first token, docs/simulator.md), every policy,
+# the scheduler told (SchedulerConfig.first_token): the same workloads
+D="--first-token decode"
+$C compare $D --json $R/compare_1x_decode_first.json --markdown $R/compare_1x_decode_first.md
+$C compare $D --speed 2 --json $R/compare_2x_decode_first.json --markdown $R/compare_2x_decode_first.md
+for kind in chat agent docqa mixed; do
+  $C compare $D --trace $R/synth_$kind.jsonl --json $R/compare_synth_${kind}_decode_first.json --markdown $R/compare_synth_${kind}_decode_first.md
+done
+for ks in chat:16 agent:16 docqa:2 mixed:2; do
+  kind=${ks%:*}; x=${ks#*:}
+  $C compare $D --trace $R/synth_$kind.jsonl --speed $x --json $R/compare_synth_${kind}_${x}x_decode_first.json --markdown $R/compare_synth_${kind}_${x}x_decode_first.md
+done
 rm -f $R/synth_*.jsonl
 $C capacity --bisect-steps 3 --tbt-slos-ms 100 --json $R/capacity.json > $R/capacity.txt
 # the Fig. 5 table under other prefill MFUs (the preset's fit to Splitwise's A100 profile is 0.375)

@@ -1,6 +1,7 @@
 """Renders the README's comparison tables from the JSON that make_results.sh wrote.
 
     .venv/bin/python docs/results/summary.py > docs/results/summary.md
+    .venv/bin/python docs/results/summary.py decode_first   # the vLLM P/D protocol's runs
 
 For each workload: the best peer under the same settings (every policy but ``conductor``,
 early admission, CPP off), ``conductor`` under those settings, and ``conductor`` with its own
@@ -11,6 +12,7 @@ the lowest mean TTFT under the same settings (issue 13 asks for both).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 R = Path(__file__).parent
@@ -37,13 +39,14 @@ def _row(r: dict[str, object]) -> str:
 
 
 def main() -> None:
+    suffix = f"_{sys.argv[1]}" if len(sys.argv) > 1 else ""
     print(
         "| workload | best peer | `conductor`, same settings | margin | `conductor`, own bundle"
         " | lowest peer mean TTFT |"
     )
     print("|---|---|---|---|---|---|")
     for label, stem in WORKLOADS:
-        path = R / f"{stem}.json"
+        path = R / f"{stem}{suffix}.json"
         if not path.exists():
             continue
         rows = json.loads(path.read_text())

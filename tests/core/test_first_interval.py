@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from conductor.core.config import SchedulerConfig
+from conductor.core.errors import InvalidInput
 from conductor.core.nic import NicBook
 from conductor.core.plan import Plan
 from conductor.core.policies.decode import tbt_factor
@@ -63,3 +65,24 @@ def test_a_busier_instance_wins_when_the_other_s_tail_costs_more() -> None:
         busy = 0.016 * 1.5
         idle = 0.011 * 1.5 + (tail_s + 0.0004 - 0.04)
         assert plan.predicted_tbt_s == pytest.approx(min(busy, idle))
+
+
+def test_with_the_decode_engine_s_first_token_the_tail_goes_to_ttft() -> None:
+    """``first_token="decode"``: TBT is the plain step (no first-interval factor, no tail)
+    and the choice takes the least step + tail. d1's 5 more requests cost 5 ms a step; d0's
+    tail is 10 ms (d1 wins) or 4 ms (d0 wins). With the prefill's first token (the test
+    above) the step difference is 7.5 ms and a 5 ms tail still goes to d0."""
+    for tail_s, want, tbt in ((0.0496, "d1", 0.016), (0.0436, "d0", 0.011)):
+        c = make_conductor(1, 2, policy="conductor", first_token="decode")
+        d1 = c.instances[iid("d1")].decode
+        for i in range(5):
+            d1.admit(f"x{i}", 1, 0, started=True)  # type: ignore[arg-type]
+        c.nic.later(0.01, iid("p9"), iid("d0"), 0.0, tail_s)
+        plan = c.schedule(req("r1", hashes(), 40), 0.0)
+        assert isinstance(plan, Plan) and plan.decode == want, tail_s
+        assert plan.predicted_tbt_s == pytest.approx(tbt)
+
+
+def test_the_first_token_source_is_checked() -> None:
+    with pytest.raises(InvalidInput, match="first_token"):
+        SchedulerConfig(first_token="client")

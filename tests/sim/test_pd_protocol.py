@@ -142,4 +142,4 @@ def test_unknown_protocols_are_refused_by_name() -> None:
         SimConfig(first_token="client")
     r = CliRunner().invoke(app, ["simulate", "--limit", "5", "--first-token", "client"])
     assert r.exit_code == 2
-    assert "invalid --first-token='client': must be one of prefill, decode" in r.output
+    assert "invalid --first-token='client': must be one of: prefill, decode" in r.output

@@ -116,6 +116,8 @@ def scheduling(
         cpp_enabled=False,
         seed=v.int_("seed"),
         context_tokens=max_model_len,  # a request without max_tokens may use the rest
+        # the P/D legs (request_path.py): the client's first token is the decode engine's
+        first_token="decode",
     )
     return scheduler, cost, policy
 

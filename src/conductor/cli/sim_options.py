@@ -335,6 +335,7 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         replication_enabled=o.replication,
         cost_correction=o.correction,
         seed=o.seed,
+        first_token=o.first_token,
     )
     engine = EngineConfig(
         max_num_batched_tokens=o.max_num_batched_tokens,

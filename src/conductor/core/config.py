@@ -8,6 +8,9 @@ from conductor.core.checks import check_at_least, check_choice, check_positive
 from conductor.core.errors import InvalidInput
 
 ADMISSION_MODES = ("off", "baseline", "early", "reserve", "predictive")
+FIRST_TOKEN_SOURCES = ("prefill", "decode")
+"""Which engine gives a disaggregated request's client its first token
+(:attr:`SchedulerConfig.first_token`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,13 @@ class SchedulerConfig:
     ``cost_correction``: learn per-instance prefill and decode-step factors online from the
     engines' reported timings and predict with the corrected model
     (:mod:`conductor.core.correction`; a no-op while the engines match the model).
+    ``first_token``: the serving stack's P/D protocol as the scheduler predicts it —
+    ``prefill`` (Mooncake: the prefill engine's token is the client's first, so the KV
+    hand-off's tail and the wait for the decode engine's next step are the first token
+    interval, which TBT counts) or ``decode`` (vLLM's P/D proxy and ``conductor serve``: the
+    decode engine makes the first token once the KV is there, so the hand-off is in TTFT and
+    every interval is a decode step); ``conductor``'s decode choice reads it
+    (:mod:`conductor.core.policies.first_interval`).
     ``policy_params``: extra parameters passed to the policy by name.
     """
 
@@ -62,6 +72,7 @@ class SchedulerConfig:
     cpp_helper_queue_fraction: float = 0.1
     cost_correction: bool = True
     seed: int = 0
+    first_token: str = "prefill"
     policy_params: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -70,6 +81,7 @@ class SchedulerConfig:
         check_positive("tbt_slo_s", self.tbt_slo_s)
         check_at_least("kvcache_balancing_threshold", self.kvcache_balancing_threshold, 1)
         check_choice("admission", self.admission, ADMISSION_MODES)
+        check_choice("first_token", self.first_token, FIRST_TOKEN_SOURCES)
         check_positive("prefill_chunk_tokens", self.prefill_chunk_tokens)
         check_at_least("cpp_max_nodes", self.cpp_max_nodes, 2)
         check_at_least("context_tokens", self.context_tokens, 2)

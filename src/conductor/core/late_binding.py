@@ -347,9 +347,10 @@ class HoldQueue:
         slo = req.tbt_slo_s or sched.config.tbt_slo_s
         # the pool's load for a request without max_tokens: a short max_tokens makes the
         # request's own TBT mostly its first interval (tbt_factor up to 1.5), which waiting
-        # does not shorten; held for it, the head would block every request behind it
+        # does not shorten; held for it, the head would block every request behind it (with
+        # the decode engine's first token there is no such interval: TBT is the step)
         tbt = dec.tbt_s
-        if req.max_tokens is not None:
+        if req.max_tokens is not None and sched.config.first_token == "prefill":
             free = replace(req, max_tokens=None)
             typical = sched.lengths.estimate(free, output_cap(free, sched.config.context_tokens))
             tbt *= tbt_factor(typical.mean) / tbt_factor(ctx.output.mean)

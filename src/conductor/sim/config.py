@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from conductor.core.checks import check_at_least
-from conductor.core.config import SchedulerConfig
+from conductor.core.checks import check_at_least, check_choice
+from conductor.core.config import FIRST_TOKEN_SOURCES, SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, CostModel, preset
 from conductor.core.errors import InvalidInput
 from conductor.core.policies import DEFAULT_POLICY, check_policy
 
 HANDOFFS = ("stream", "serial", "load")
 """How a P->D KV hand-off runs (:attr:`SimConfig.handoff`)."""
-FIRST_TOKEN_SOURCES = ("prefill", "decode")
-"""Which engine gives a disaggregated request's client its first token
-(:attr:`SimConfig.first_token`)."""
 
 CACHE_CAPACITY_TOKENS = 3_000_000
 """A prefill instance's DRAM KV cache in FAST §5.3.2 (also ``conductor trace stats``' LRU)."""
@@ -89,7 +86,8 @@ class SimConfig:
     ``"decode"``: the client's first token is the decode engine's, made in its first step
     once the KV is there (vLLM's disaggregated proxy and ``conductor serve``: the prefill
     leg's own token is dropped), so TTFT holds the hand-off and that step. Requests that
-    decode where they were prefilled (``role=both``) are not affected.
+    decode where they were prefilled (``role=both``) are not affected. The scheduler
+    predicts with its own ``SchedulerConfig.first_token`` (the CLI sets both alike).
     """
 
     policy: str = DEFAULT_POLICY
@@ -134,11 +132,8 @@ class SimConfig:
             raise InvalidInput("cost_bias", self.cost_bias, "must be > -1 (engines 1 + B times)")
         check_at_least("replicas", self.replicas, 1)
         check_at_least("sync_delay_s", self.sync_delay_s, 0)
-        if self.handoff not in HANDOFFS:
-            raise InvalidInput("handoff", self.handoff, f"must be one of {', '.join(HANDOFFS)}")
-        if self.first_token not in FIRST_TOKEN_SOURCES:
-            one_of = ", ".join(FIRST_TOKEN_SOURCES)
-            raise InvalidInput("first_token", self.first_token, f"must be one of {one_of}")
+        check_choice("handoff", self.handoff, HANDOFFS)
+        check_choice("first_token", self.first_token, FIRST_TOKEN_SOURCES)
 
     @property
     def cache_capacity_blocks(self) -> int | None:

@@ -19,6 +19,12 @@ one instance (e.g. the one that just freed room) queues their hand-offs on its N
 rest — KV room, batch limit, ``fits``, the same-rack preference — is
 :func:`~conductor.core.policies.decode.least_tbt`'s. No parameter: every term is the cost
 model's or the NIC book's.
+
+When the decode engine makes the first token (``SchedulerConfig.first_token ==
+"decode"``: vLLM's P/D proxy, ``conductor serve``) the hand-off and the join wait are in
+TTFT and every interval is a decode step, so the predicted TBT is ``step(d)`` and the
+instance is the one with the least ``step(d) + tail(d)``: what it adds to TTFT beyond the
+wait for its running step, the tail one for one.
 """
 
 from __future__ import annotations
@@ -35,8 +41,9 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
     out = ctx.output
     need = int(req.prompt_tokens + out.mean)
     room_need = req.prompt_tokens + out.high
-    factor = tbt_factor(out.mean)
-    per_tail = 2.0 * (factor - 1.0)  # 1 / k
+    decode_first = ctx.config.first_token == "decode"
+    factor = 1.0 if decode_first else tbt_factor(out.mean)
+    per_tail = 1.0 if decode_first else 2.0 * (factor - 1.0)  # in TTFT; else 1 / k in TBT
     cost = ctx.cost
     step_s = cost.decode.step_s  # cost.decode_step_s without its call
     nic = ctx.nic
@@ -60,9 +67,9 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
             base = e
     late = base + seconds - end  # the tail on a free ingress (may be < 0)
     best: InstanceState | None = None
-    best_tbt = 0.0
+    best_tbt = best_key = 0.0
     fallback: InstanceState | None = None
-    fallback_tbt = 0.0
+    fallback_tbt = fallback_key = 0.0
     for inst in ctx.decode_pool:
         d = inst.decode
         spec = inst.spec
@@ -78,15 +85,18 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
         if not room and best is not None:
             continue
         tbt = step_s(batch + 1, reserved + need) * factor
+        key = tbt  # what the choice minimises: TBT, or with decode_first TBT + tail
         iid = spec.instance_id
         if iid != src:
             ingress = planned_in.get(iid, 0.0)
             tail = ingress + seconds - end if ingress > base else late
             if tail > 0.0:
-                tbt += tail * per_tail
+                key += tail * per_tail
+                if not decode_first:
+                    tbt = key
         if room:
-            if best is None or tbt < best_tbt:
-                best, best_tbt = inst, tbt
-        elif fallback is None or tbt < fallback_tbt:
-            fallback, fallback_tbt = inst, tbt
+            if best is None or key < best_key:
+                best, best_tbt, best_key = inst, tbt, key
+        elif fallback is None or key < fallback_key:
+            fallback, fallback_tbt, fallback_key = inst, tbt, key
     return decode_choice(ctx, prefill, slo, best, best_tbt, fallback, fallback_tbt)
