@@ -62,8 +62,6 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         check_at_least("workers", self.workers, 1)
-        if self.hold_horizon_ms is not None:
-            check_at_least("hold_horizon_ms", self.hold_horizon_ms, 0)
         check_policy(self.policy)
         preset(self.preset)
         check_choice("log_level", self.log_level, LOG_LEVELS)

@@ -76,8 +76,8 @@ class SimConfig:
     ``replica_stagger``: each replica breaks exact ties in its own instance order.
     ``handoff`` and ``first_token``: the serving stack's P/D protocol. ``handoff="stream"``:
     the KV streams to the decode engine layer by layer during the prefill (Mooncake;
-    NIXL pushing per layer); ``"serial"``: it starts once the prefill has ended (vLLM's
-    a decode engine that pulls over its NIC after the prefill leg answered); ``"load"``: the
+    NIXL pushing per layer); ``"serial"``: it starts once the prefill has ended (a decode
+    engine that pulls over its NIC after the prefill leg answered); ``"load"``: the
     decode engine reads the KV itself inside the step that admits the request, which that
     long stalls every request decoding there, and no NIC is held (vLLM's ExampleConnector
     loading its files before the forward pass).

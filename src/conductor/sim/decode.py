@@ -86,8 +86,9 @@ class DecodeSide:
 
     def finish_tbt(self) -> None:
         """Set every decoded request's ``tbt_s`` from its engines' step logs: its token
-        times are its prefill's end and the ends of the steps it emitted tokens in (a
-        preemption leaves a gap there)."""
+        times are its prefill's end (unless ``decode_emits_first``: then the first of the
+        next, which is also its ``first_token_s``) and the ends of the steps it emitted
+        tokens in (a preemption leaves a gap there)."""
         ends = {iid: np.asarray(e.step_ends) for iid, e in self.engines.items()}
         diffs = {iid: np.diff(a) for iid, a in ends.items()}
         for i, segs in self.loop.segments.items():
@@ -98,19 +99,15 @@ class DecodeSide:
             if not segs:
                 rec.tbt_s = 0.0
                 continue
-            if rec.decode_emits_first:  # the first step's token is the first token
-                node, a, b = segs[0]
-                rec.first_token_s = float(ends[node.iid][a])
-                if len(segs) == 1:
-                    intervals = diffs[node.iid][a:b]
-                else:
-                    times = np.concatenate([ends[n.iid][a : b + 1] for n, a, b in segs])
-                    intervals = np.diff(times)
-            elif len(segs) == 1:
-                node, a, b = segs[0]
-                e = ends[node.iid]
-                intervals = np.concatenate(([e[a] - pe], diffs[node.iid][a:b]))
+            node, a, b = segs[0]
+            first = ends[node.iid][a]  # its first decode step's token
+            if len(segs) == 1:
+                rest = diffs[node.iid][a:b]
             else:
-                times = np.concatenate([ends[n.iid][a : b + 1] for n, a, b in segs])
-                intervals = np.diff(np.concatenate(([pe], times)))
+                rest = np.diff(np.concatenate([ends[n.iid][a : b + 1] for n, a, b in segs]))
+            if rec.decode_emits_first:  # that token is the client's first
+                rec.first_token_s = float(first)
+                intervals = rest
+            else:
+                intervals = np.concatenate(([first - pe], rest))
             rec.tbt_s = tail_mean_tbt(intervals)
