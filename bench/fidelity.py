@@ -131,7 +131,6 @@ def write_slice(limit: int, offset: int, scaling: Scaling, path: Path) -> int:
     records = read_trace(bundled_trace_path(), limit=offset + limit).records[offset:]
     t0 = records[0].timestamp_ms
     scaled = scale_records(records, scaling)
-
     write_trace([replace(r, timestamp_ms=r.timestamp_ms - t0) for r in scaled], path)
     return len(scaled)
 
@@ -146,6 +145,14 @@ engine's other streams): what modelling the load in the decode step buys."""
 MOONCAKE_PROTOCOL = ("stream", "prefill")
 """The simulator's default: the KV streams during the prefill, whose engine gives the first
 token."""
+PD_VARIANTS: dict[str, tuple[str, bool, tuple[str, str] | None]] = {
+    "profiled": ("sim_profiled_transfer", True, None),
+    "nic": ("sim_nic_handoff", False, NIC_PD_PROTOCOL),
+    "mooncake": ("sim_mooncake_protocol", False, MOONCAKE_PROTOCOL),
+}
+"""The P/D scenario's other simulations beside ``sim``: name (as :func:`analyse_pd` reads
+it) -> (the result's key, with the profile's own ``[transfer]``, the protocol; None: the
+scenario's)."""
 
 
 def run_sim(
@@ -161,6 +168,7 @@ def run_sim(
     :data:`PD_PROTOCOL` in the P/D scenario and :data:`MOONCAKE_PROTOCOL` otherwise."""
     if protocol is None:
         protocol = PD_PROTOCOL if is_pd(args) else MOONCAKE_PROTOCOL
+    h = getattr(args, "hold_horizon_ms", None)
     records = read_trace(trace, block_size_tokens=shape.block_tokens).records
     mt = MaxTokens.parse("trace")
     requests = records_to_requests(
@@ -176,11 +184,8 @@ def run_sim(
         gateway_latency_s=getattr(args, "gateway_latency_s", 0.0),
         handoff=protocol[0],
         first_token=protocol[1],
+        hold_horizon_s=None if h is None else h / 1e3,  # the gateway's, if given
     )
-    h = getattr(args, "hold_horizon_ms", None)
-    if h is not None:  # the gateway's horizon, in the simulated scheduler too
-        params = {"late_binding_horizon_s": h / 1e3}
-        cfg = replace(cfg, scheduler=replace(cfg.scheduler, policy_params=params))
     res = simulate(requests, cfg, outputs=generated_tokens(records, mt))
     rows = sim_rows(res.records)
     window = (requests[0].arrival_s, requests[-1].arrival_s)
@@ -503,6 +508,11 @@ def analyse_pd(
     return out
 
 
+def summaries(sims: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each policy's simulation without its per-request rows."""
+    return {pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sims.items()}
+
+
 def strip(runs: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
     """The runs without their per-request rows (kept in the comparisons' pairs)."""
     return {p: [{k: v for k, v in r.items() if k != "rows"} for r in rs] for p, rs in runs.items()}
@@ -572,6 +582,8 @@ def main() -> int:
         p.error(f"--handoff-lengths must name positive token counts, got {args.handoff_lengths!r}")
     if args.handoff_samples < 1:
         p.error(f"--handoff-samples must be >= 1, got {args.handoff_samples}")
+    if args.hold_horizon_ms is not None and not args.hold_horizon_ms >= 0:
+        p.error(f"--hold-horizon-ms must be >= 0, got {args.hold_horizon_ms}")
     if args.gateway_latency != "measure":
         try:
             ok = float(args.gateway_latency) >= 0
@@ -695,27 +707,13 @@ def main() -> int:
         result["speed"] = speed
         print(f"{n} requests at speed {speed}", file=sys.stderr, flush=True)
         sim = {pol: run_sim(trace, speed, pol, cost, shape, args) for pol in args.policies}
-        sim_profiled = (
-            {pol: run_sim(trace, speed, pol, profiled, shape, args) for pol in args.policies}
-            if pd
-            else {}
-        )
-        sim_mooncake = (
-            {
-                pol: run_sim(trace, speed, pol, cost, shape, args, MOONCAKE_PROTOCOL)
+        variants = {
+            name: {
+                pol: run_sim(trace, speed, pol, profiled if own else cost, shape, args, proto)
                 for pol in args.policies
             }
-            if pd
-            else {}
-        )
-        sim_nic = (
-            {
-                pol: run_sim(trace, speed, pol, cost, shape, args, NIC_PD_PROTOCOL)
-                for pol in args.policies
-            }
-            if pd
-            else {}
-        )
+            for name, (_, own, proto) in (PD_VARIANTS.items() if pd else ())
+        }
         real: dict[str, list[dict[str, Any]]] = {}
         if engines:
             real = replays("vllm", engines, cost_file, trace, speed, args, work)
@@ -733,26 +731,13 @@ def main() -> int:
         finally:
             for e in emus:
                 e.stop()
-    result["sim"] = {pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim.items()}
+    result["sim"] = summaries(sim)
     if pd:
-        result["sim_profiled_transfer"] = {
-            pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim_profiled.items()
-        }
-        result["sim_nic_handoff"] = {
-            pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim_nic.items()
-        }
-        result["sim_mooncake_protocol"] = {
-            pol: {"summary": s["summary"], "busy": s["busy"]} for pol, s in sim_mooncake.items()
-        }
+        for name, (key, _, _) in PD_VARIANTS.items():
+            result[key] = summaries(variants[name])
         if real:
             result["real"] = strip(real)
-            sims = {
-                "fitted": sim,
-                "profiled": sim_profiled,
-                "mooncake": sim_mooncake,
-                "nic": sim_nic,
-            }
-            result["sim_vs_real"] = analyse_pd(sims, real, cost)
+            result["sim_vs_real"] = analyse_pd({"fitted": sim, **variants}, real, cost)
         return finish(result, args)
     if real:
         result["real"] = strip(real)

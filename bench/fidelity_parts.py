@@ -106,6 +106,7 @@ def sim_config(
     gateway_latency_s: float = 0.0,
     handoff: str = "stream",
     first_token: str = "prefill",
+    hold_horizon_s: float | None = None,
 ) -> SimConfig:
     """``conductor simulate --both n --prefill P --decode D --cost-file F
     --max-num-batched-tokens .. --max-num-seqs .. --kv-block-tokens B --long-prefill-tokens ..
@@ -114,7 +115,9 @@ def sim_config(
     prefix cache is the engines' KV room: vLLM caches prefixes in its free KV blocks.
     ``gateway_latency_s``: what the gateway adds to a request's TTFT on idle engines (its two
     legs), split evenly into the simulator's dispatch and report latencies. ``handoff`` and
-    ``first_token``: the P/D protocol (``--handoff``, ``--first-token``)."""
+    ``first_token``: the P/D protocol (``--handoff``, ``--first-token``; the scheduler is
+    told ``first_token`` as ``conductor serve``'s is). ``hold_horizon_s``: the hold queue's
+    horizon (``serve --set hold_horizon_ms``; None: the policy's)."""
     sched = SchedulerConfig(
         block_size_tokens=shape.block_tokens,
         ttft_slo_s=ttft_slo_s,
@@ -122,6 +125,8 @@ def sim_config(
         admission=admission,
         cpp_enabled=False,
         seed=seed,
+        first_token=first_token,
+        policy_params={} if hold_horizon_s is None else {"late_binding_horizon_s": hold_horizon_s},
     )
     engine = EngineConfig(
         max_num_batched_tokens=shape.max_num_batched_tokens,

@@ -29,23 +29,25 @@ from conductor.workload.trace import generated_tokens, records_to_requests
 
 REQUESTS = 2000
 RATE_RPS = 2.5
+OPTIONS = ClusterOptions(
+    prefill=8,
+    decode=8,
+    preset_name=DEFAULT_PRESET,
+    ttft_slo_s=30.0,
+    tbt_slo_ms=100.0,
+    seed=0,
+    admission="early",
+    cpp=False,
+)
+"""``conductor compare``'s defaults: 8P+8D, the default preset, SLOs 30 s / 100 ms, early
+admission for every policy, CPP off."""
 
 
 def _run(
     policy: str, kind: str, speed: float, seed: int, weight: float | None
 ) -> dict[str, object]:
     records = synthesize(kind, requests=REQUESTS, rate_rps=RATE_RPS, seed=seed)
-    options = ClusterOptions(
-        prefill=8,
-        decode=8,
-        preset_name=DEFAULT_PRESET,
-        ttft_slo_s=30.0,
-        tbt_slo_ms=100.0,
-        seed=0,
-        admission="early",
-        cpp=False,
-    )
-    cfg = build_config(options, policy)
+    cfg = build_config(OPTIONS, policy)
     if weight is not None:
         params = {"late_binding_age_weight": weight}
         cfg = replace(cfg, scheduler=replace(cfg.scheduler, policy_params=params))

@@ -19,8 +19,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from conductor.cli.sim_options import ClusterOptions, build_config, load_records
-from conductor.core.costmodel import DEFAULT_PRESET
+import hold_order
+
+from conductor.cli.sim_options import build_config, load_records
 from conductor.sim.simulator import simulate
 from conductor.workload.synth import synthesize
 from conductor.workload.trace import generated_tokens, records_to_requests
@@ -28,17 +29,7 @@ from conductor.workload.trace_format import TraceRecord
 
 SYNTH = (("chat", 1), ("agent", 1), ("docqa", 1), ("mixed", 1),
          ("chat", 16), ("agent", 16), ("docqa", 2), ("mixed", 2))  # fmt: skip
-OPTIONS = ClusterOptions(
-    prefill=8,
-    decode=8,
-    preset_name=DEFAULT_PRESET,
-    ttft_slo_s=30.0,
-    tbt_slo_ms=100.0,
-    seed=0,
-    admission="early",
-    cpp=False,
-    first_token="decode",
-)
+OPTIONS = replace(hold_order.OPTIONS, first_token="decode")
 
 
 def run(records: list[TraceRecord], speed: float, told: bool) -> dict[str, object]:

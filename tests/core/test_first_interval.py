@@ -51,17 +51,25 @@ def test_the_decode_choice_avoids_an_ingress_with_a_hand_off_planned() -> None:
     assert isinstance(plan2, Plan) and plan2.decode == "d0"
 
 
+def _busy_d1_plan(tail_s: float, first_token: str) -> Plan:
+    """r1's plan with d1 running 5 more requests than d0 and a hand-off of ``tail_s``
+    planned into d0."""
+    c = make_conductor(1, 2, policy="conductor", first_token=first_token)
+    d1 = c.instances[iid("d1")].decode
+    for i in range(5):
+        d1.admit(f"x{i}", 1, 0, started=True)  # type: ignore[arg-type]
+    c.nic.later(0.01, iid("p9"), iid("d0"), 0.0, tail_s)
+    plan = c.schedule(req("r1", hashes(), 40), 0.0)
+    assert isinstance(plan, Plan)
+    return plan
+
+
 def test_a_busier_instance_wins_when_the_other_s_tail_costs_more() -> None:
     """d1 runs 5 more requests (5 ms more per step: 7.5 ms of TBT); d0's planned hand-off
     leaves r1's KV 10 ms late (TBT + 10 ms with k = 1): d1. With a 5 ms tail: d0."""
     for tail_s, want in ((0.0496, "d1"), (0.0446, "d0")):
-        c = make_conductor(1, 2, policy="conductor")
-        d1 = c.instances[iid("d1")].decode
-        for i in range(5):
-            d1.admit(f"x{i}", 1, 0, started=True)  # type: ignore[arg-type]
-        c.nic.later(0.01, iid("p9"), iid("d0"), 0.0, tail_s)
-        plan = c.schedule(req("r1", hashes(), 40), 0.0)
-        assert isinstance(plan, Plan) and plan.decode == want, tail_s
+        plan = _busy_d1_plan(tail_s, "prefill")
+        assert plan.decode == want, tail_s
         busy = 0.016 * 1.5
         idle = 0.011 * 1.5 + (tail_s + 0.0004 - 0.04)
         assert plan.predicted_tbt_s == pytest.approx(min(busy, idle))
@@ -73,13 +81,8 @@ def test_with_the_decode_engine_s_first_token_the_tail_goes_to_ttft() -> None:
     tail is 10 ms (d1 wins) or 4 ms (d0 wins). With the prefill's first token (the test
     above) the step difference is 7.5 ms and a 5 ms tail still goes to d0."""
     for tail_s, want, tbt in ((0.0496, "d1", 0.016), (0.0436, "d0", 0.011)):
-        c = make_conductor(1, 2, policy="conductor", first_token="decode")
-        d1 = c.instances[iid("d1")].decode
-        for i in range(5):
-            d1.admit(f"x{i}", 1, 0, started=True)  # type: ignore[arg-type]
-        c.nic.later(0.01, iid("p9"), iid("d0"), 0.0, tail_s)
-        plan = c.schedule(req("r1", hashes(), 40), 0.0)
-        assert isinstance(plan, Plan) and plan.decode == want, tail_s
+        plan = _busy_d1_plan(tail_s, "decode")
+        assert plan.decode == want, tail_s
         assert plan.predicted_tbt_s == pytest.approx(tbt)
 
 

@@ -18,18 +18,21 @@ from conductor.sim.records import RequestRecord
 PROMPT = 4096
 
 
-def _one(
-    handoff: str, first_token: str, out: int = 4, n_both: int = 0, n: int = 1
-) -> RequestRecord:
-    cfg = SimConfig(
+def _cfg(handoff: str, first_token: str, n_both: int = 0) -> SimConfig:
+    """Round robin, no admission, one prefill and one decode engine (or ``n_both``)."""
+    return SimConfig(
         policy="round_robin",
-        n_prefill=0 if n_both else n,
-        n_decode=0 if n_both else n,
+        n_prefill=0 if n_both else 1,
+        n_decode=0 if n_both else 1,
         n_both=n_both,
         scheduler=SchedulerConfig(admission="off"),
         handoff=handoff,
         first_token=first_token,
     )
+
+
+def _one(handoff: str, first_token: str, out: int = 4, n_both: int = 0) -> RequestRecord:
+    cfg = _cfg(handoff, first_token, n_both)
     blocks = tuple(BlockHash(b) for b in range(PROMPT // 512))
     req = Request(RequestId("r0"), PROMPT, blocks, out, 0.0)
     return simulate([req], cfg, outputs=[out]).records[0]
@@ -94,14 +97,7 @@ def test_a_kv_load_holds_no_nic_and_lengthens_the_step_that_admits_it() -> None:
 def _pair(handoff: str) -> tuple[RequestRecord, RequestRecord]:
     """A request decoding 100 tokens, and a second one answering one token that reaches
     the same decode engine while it decodes."""
-    cfg = SimConfig(
-        policy="round_robin",
-        n_prefill=1,
-        n_decode=1,
-        scheduler=SchedulerConfig(admission="off"),
-        handoff=handoff,
-        first_token="decode",
-    )
+    cfg = _cfg(handoff, "decode")
     reqs = [
         Request(RequestId("r0"), 512, (BlockHash(1),), 100, 0.0),
         Request(RequestId("r1"), PROMPT, tuple(BlockHash(100 + b) for b in range(8)), 1, 1.0),
