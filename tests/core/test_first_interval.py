@@ -11,9 +11,11 @@ import pytest
 
 from conductor.core.config import SchedulerConfig
 from conductor.core.errors import InvalidInput
+from conductor.core.events import BlocksStored
 from conductor.core.nic import NicBook
 from conductor.core.plan import Plan
 from conductor.core.policies.decode import tbt_factor
+from conductor.core.types import Tier
 
 from .helpers import hashes, iid, make_conductor, req
 
@@ -89,3 +91,25 @@ def test_with_the_decode_engine_s_first_token_the_tail_goes_to_ttft() -> None:
 def test_the_first_token_source_is_checked() -> None:
     with pytest.raises(InvalidInput, match="first_token"):
         SchedulerConfig(first_token="client")
+
+
+def test_the_decode_choice_takes_the_instance_that_holds_the_prompt() -> None:
+    """r1 (4000 tokens, 1000 blocks): p0 holds all but the last block, so its prefill is 4
+    ms while the whole KV is 40 ms on the wire, a 36 ms tail on any decode instance, but
+    not on d1 once its KV events say it holds the prompt (an earlier turn it decoded): the
+    hand-off then carries one token. The events go to the decode index, never to the one
+    prefill placement reads (no fetch from a decode engine)."""
+    blocks = hashes(*range(1000))
+    for told, want, tbt in ((False, "d0", 0.0165 + 0.036), (True, "d1", 0.0165)):
+        c = make_conductor(1, 2, policy="conductor")
+        c.on_event(BlocksStored(iid("p0"), blocks[:999], Tier.DRAM))
+        if told:
+            c.on_event(BlocksStored(iid("d1"), blocks, Tier.GPU))
+        plan = c.schedule(req("r1", blocks, 4000), 0.0)
+        assert isinstance(plan, Plan) and plan.decode == want, told
+        assert plan.predicted_tbt_s == pytest.approx(tbt)
+        assert c.index.match(blocks).local_blocks == {iid("p0"): 999}
+    assert c.decode_index.held_blocks(blocks) == {iid("d1"): 1000}
+    # the booked hand-off carries the one token d1 lacks: 10 us on its ingress, streamed
+    # from the prefill's start (0: no queue)
+    assert c.nic.planned_in_s[iid("d1")] == pytest.approx(1e-5)

@@ -37,6 +37,7 @@ from conductor.cli.sim_options import (
     CostBiasOpt,
     CostErrorOpt,
     CppOpt,
+    DecodeCacheOpt,
     DecodeOpt,
     DelayOpt,
     FirstTokenOpt,
@@ -105,6 +106,7 @@ _CLUSTER: tuple[_Spec, ...] = (
     ("sync_delay_ms", SyncDelayOpt, DEFAULTS.sync_delay_s * 1e3),
     ("handoff", HandoffOpt, DEFAULTS.handoff),
     ("first_token", FirstTokenOpt, DEFAULTS.first_token),
+    ("decode_cache", DecodeCacheOpt, DEFAULTS.decode_cache),
 )
 _TRACE: tuple[_Spec, ...] = (
     ("trace", TraceOpt, None),

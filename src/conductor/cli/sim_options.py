@@ -62,6 +62,7 @@ FLAGS = {
     "sync_delay_s": "--sync-delay-ms",
     "handoff": "--handoff",
     "first_token": "--first-token",
+    "decode_cache": "--decode-cache",
 }
 """Config field -> the option that sets it."""
 
@@ -187,6 +188,14 @@ FirstTokenOpt = Annotated[
         " (vLLM's P/D proxy and conductor serve: TTFT holds the hand-off)",
     ),
 ]
+DecodeCacheOpt = Annotated[
+    bool,
+    typer.Option(
+        "--decode-cache/--no-decode-cache",
+        help="decode engines keep finished prompts' KV cached in their free blocks and publish"
+        " it (vLLM's prefix caching): a hand-off carries only what the engine lacks",
+    ),
+]
 PoolOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -307,6 +316,7 @@ class ClusterOptions:
     """From ``--pool``: each model's pool, in the order given (empty: none given)."""
     handoff: str = DEFAULTS.handoff
     first_token: str = DEFAULTS.first_token
+    decode_cache: bool = DEFAULTS.decode_cache
 
 
 def build_config(
@@ -361,6 +371,7 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         sync_delay_s=o.sync_delay_ms / 1e3,
         handoff=o.handoff,
         first_token=o.first_token,
+        decode_cache=o.decode_cache,
         seed=o.seed,
         oracle_lengths=o.oracle_lengths,
         load_sample_every_s=LOAD_SAMPLE_EVERY_S if load_plot else 0.0,

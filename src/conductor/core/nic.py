@@ -138,9 +138,9 @@ class NicBook:
 
     @staticmethod
     def transfers(ctx: SchedulingContext, pre: PrefillChoice, decode: InstanceId) -> Transfers:
-        """A plan's KV transfers: the prefix fetch now, and the prompt's KV to ``decode``,
-        requested at the predicted end of the prefill and streamed (layer by layer) from
-        its predicted start."""
+        """A plan's KV transfers: the prefix fetch now, and the prompt's KV to ``decode``
+        (less what ``decode`` already holds), requested at the predicted end of the prefill
+        and streamed (layer by layer) from its predicted start."""
         cost = ctx.cost
         bw = next(
             (
@@ -161,7 +161,7 @@ class NicBook:
             decode,
             pre.ttft_s - pre.prefill_s,
             pre.ttft_s,
-            cost.transfer_s(ctx.request.prompt_tokens, bw),
+            cost.transfer_s(ctx.handoff_tokens(decode), bw),
         )
 
     def book_transfers(self, t: Transfers, now_s: float) -> None:

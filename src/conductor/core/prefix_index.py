@@ -79,7 +79,17 @@ def _bits(mask: int) -> Iterable[int]:
 class PrefixIndex:
     """Block hash -> holders by tier, fed by KV events; see the module docstring."""
 
-    __slots__ = ("_free", "_held", "_mask_names", "_masks", "_names", "_runs", "_slots", "_width")
+    __slots__ = (
+        "_free",
+        "_held",
+        "_mask_names",
+        "_masks",
+        "_names",
+        "_remove_bits",
+        "_runs",
+        "_slots",
+        "_width",
+    )
 
     def __init__(self) -> None:
         self._slots: dict[InstanceId, int] = {}
@@ -90,6 +100,7 @@ class PrefixIndex:
         self._held: list[tuple[set[int], set[int], set[int]]] = []
         self._mask_names: dict[int, tuple[InstanceId, ...]] = {}
         self._runs: dict[tuple[int, int], dict[InstanceId, int]] = {}
+        self._remove_bits: dict[tuple[int, int, int], tuple[int, dict[tuple[bool, bool], int]]] = {}
 
     # -- holders -------------------------------------------------------------------------
     def add_holder(self, holder: InstanceId) -> None:
@@ -173,13 +184,17 @@ class PrefixIndex:
         mine = held[tier]
         a, b = (t for t in _TIERS if t != tier)
         held_a, held_b = held[a], held[b]
-        drop = ~self._bits_for(slot, _TIERS)
-        # the slot's bits a block keeps, by whether the slot still holds it in tier a / b
-        keep = {
-            (in_a, in_b): self._bits_for(slot, [t for t, k in ((a, in_a), (b, in_b)) if k])
-            for in_a in (False, True)
-            for in_b in (False, True)
-        }
+        key = (slot, tier, self._width)  # the bits depend on nothing else
+        bits = self._remove_bits.get(key)
+        if bits is None:
+            # the slot's bits a block keeps, by whether the slot still holds it in tier a / b
+            keep = {
+                (in_a, in_b): self._bits_for(slot, [t for t, k in ((a, in_a), (b, in_b)) if k])
+                for in_a in (False, True)
+                for in_b in (False, True)
+            }
+            bits = self._remove_bits[key] = (~self._bits_for(slot, _TIERS), keep)
+        drop, keep = bits
         masks = self._masks
         for h in block_hashes:
             if h not in mine:

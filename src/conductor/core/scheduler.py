@@ -15,6 +15,7 @@ from conductor.core.chunked_pipeline import PipelinePlan, pipeline_if_faster
 from conductor.core.config import SchedulerConfig
 from conductor.core.correction import CostCorrection
 from conductor.core.costmodel import CostModel
+from conductor.core.decode_holdings import DecodeHoldings
 from conductor.core.errors import InvalidInput, UnknownInstance
 from conductor.core.events import (
     AllBlocksCleared,
@@ -47,7 +48,7 @@ from conductor.core.policies.decode import LeastTbtDecode
 from conductor.core.policies.registry import DEFAULT_POLICY
 from conductor.core.prefix_index import PrefixIndex
 from conductor.core.state import InstanceSpec, InstanceState
-from conductor.core.types import InstanceId, Request, RequestId
+from conductor.core.types import InstanceId, Request, RequestId, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,10 @@ class Scheduler:
             decode_policy = cast(DecodePolicy, self.policy)  # the policy brings its own
         self.decode_policy: DecodePolicy = decode_policy or LeastTbtDecode()
         self.index = PrefixIndex()
+        self.decode_index = DecodeHoldings()
+        """What the decode-only instances hold (their KV events): blocks a hand-off to them
+        need not carry. Apart from :attr:`index`, so that no prefill placement fetches from
+        a decode engine."""
         self.instances: dict[InstanceId, InstanceState] = {}
         self._inflight: dict[RequestId, InFlight] = {}
         self._rng = random.Random(self.config.seed)
@@ -115,6 +120,8 @@ class Scheduler:
             raise InvalidInput("instance_id", spec.instance_id, "already registered")
         self.instances[spec.instance_id] = InstanceState(spec)
         self.index.add_holder(spec.instance_id)
+        if spec.role is Role.DECODE:
+            self.decode_index.add_holder(spec.instance_id)
         self._pools = None
 
     def add_store_node(self, holder: InstanceId) -> None:
@@ -128,6 +135,8 @@ class Scheduler:
         self.instances.pop(instance, None)
         if instance in self.index:
             self.index.remove_holder(instance)
+        if instance in self.decode_index:
+            self.decode_index.remove_holder(instance)
         self._pools = None
         lost = [
             rid
@@ -152,6 +161,9 @@ class Scheduler:
         except KeyError:
             raise UnknownInstance(instance) from None
 
+    def _index_of(self, holder: InstanceId) -> PrefixIndex | DecodeHoldings:
+        return self.decode_index if holder in self.decode_index else self.index
+
     def pools(self) -> tuple[list[InstanceState], list[InstanceState]]:
         if self._pools is None:
             states = [s for s in self.instances.values() if s.schedulable]
@@ -169,11 +181,11 @@ class Scheduler:
             return
         match event:
             case BlocksStored(holder, hashes, tier, _):
-                self.index.store(holder, hashes, tier)
+                self._index_of(holder).store(holder, hashes, tier)
             case BlocksRemoved(holder, hashes, tier, _):
-                self.index.remove(holder, hashes, tier)
+                self._index_of(holder).remove(holder, hashes, tier)
             case AllBlocksCleared(holder, tier, _):
-                self.index.clear(holder, tier)
+                self._index_of(holder).clear(holder, tier)
             case InstanceGone(holder):
                 self.remove_instance(holder)
             case PrefillFinished(rid, inst, now):
@@ -254,6 +266,7 @@ class Scheduler:
             round_robin_counter=self._rr,
             output=self.lengths.estimate(request, output_cap(request, self.config.context_tokens)),
             nic=self.nic,
+            decode_index=self.decode_index,
         )
 
     def schedule(self, request: Request, now_s: float) -> Decision:

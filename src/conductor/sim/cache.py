@@ -60,6 +60,13 @@ class LruBlockCache:
             evicted.extend(pop(last=False)[0] for _ in range(len(lru) - cap))
         return stored, evicted
 
+    def shrink(self, capacity_blocks: int) -> list[BlockHash]:
+        """Set the capacity and evict the least recently used blocks beyond it."""
+        self.capacity_blocks = capacity_blocks
+        lru = self._lru
+        pop = lru.popitem
+        return [pop(last=False)[0] for _ in range(len(lru) - capacity_blocks)]
+
     def remove(self, hashes: Sequence[BlockHash]) -> None:
         for h in hashes:
             self._lru.pop(h, None)

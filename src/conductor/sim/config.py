@@ -88,6 +88,10 @@ class SimConfig:
     leg's own token is dropped), so TTFT holds the hand-off and that step. Requests that
     decode where they were prefilled (``role=both``) are not affected. The scheduler
     predicts with its own ``SchedulerConfig.first_token`` (the CLI sets both alike).
+    ``decode_cache``: decode engines keep finished requests' prompt blocks cached in their
+    free KV blocks and publish them as KV events (vLLM's prefix caching on a decode
+    engine), so a hand-off to an engine that holds the start of a prompt carries only the
+    rest (:mod:`conductor.sim.decode_cache`). Off: every hand-off carries the whole prompt.
     """
 
     policy: str = DEFAULT_POLICY
@@ -114,6 +118,7 @@ class SimConfig:
     replica_stagger: bool = True
     handoff: str = "stream"
     first_token: str = "prefill"
+    decode_cache: bool = True
 
     def __post_init__(self) -> None:
         check_policy(self.policy)

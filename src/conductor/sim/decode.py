@@ -14,6 +14,8 @@ import numpy as np
 from conductor.core.events import RequestFinished
 from conductor.core.scheduler import Scheduler
 from conductor.core.types import InstanceId, Request
+from conductor.sim import decode_cache
+from conductor.sim.decode_cache import Emit, held_tokens
 from conductor.sim.engine import EngineLoop
 from conductor.sim.nodes import Engine, Seq
 from conductor.sim.records import RequestRecord, tail_mean_tbt
@@ -41,11 +43,17 @@ class DecodeSide:
         loop: EngineLoop,
         *,
         load_kv: bool = False,
+        block: int = 1,
+        emit: Emit | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.load_kv = load_kv
         """The decode engine reads a request's KV in the step that admits it
         (``SimConfig.handoff == "load"``)."""
+        self.block = block
+        """The trace's hash block, in tokens (the decode caches' unit)."""
+        self.emit: Emit = emit or (lambda t, ev: scheduler.on_event(ev))
+        """Publishes a decode cache's KV events (:mod:`conductor.sim.decode_cache`)."""
         self.requests = requests
         self.records = records
         self.engines = engines
@@ -68,7 +76,11 @@ class DecodeSide:
         prompt = rec.prompt_tokens
         seq = Seq(i, None, prompt, tokens, decodes=True, computed=prompt)
         if self.load_kv and rec.prefill != decode:
-            seq.load_s = self.loop.engine_cost.nominal.transfer_s(prompt)
+            hashes = self.requests[i].block_hashes
+            held = held_tokens(node, hashes, self.block, prompt)
+            rec.handoff_held_tokens = held
+            seq.load_s = self.loop.engine_cost.nominal.transfer_s(prompt - held)
+        decode_cache.on_join(t, node, self.block, prompt, self.emit)
         seq.started = True
         seq.factor = seq.noise = self.loop.engine_cost.job_factor(self.requests[i].request_id)
         self.loop.segments[i] = []
@@ -79,7 +91,9 @@ class DecodeSide:
         self.finished(t, node, seq.index)
 
     def finished(self, t: float, node: Engine, i: int) -> None:
-        rid = self.requests[i].request_id
+        req = self.requests[i]
+        decode_cache.on_leave(t, node, self.block, req.block_hashes, self.emit)
+        rid = req.request_id
         out = self.records[i].output_tokens
         self.scheduler.on_event(RequestFinished(rid, node.iid, t, out))
         self.on_release(t)

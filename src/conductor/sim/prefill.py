@@ -20,6 +20,7 @@ from conductor.core.plan import Decision, Plan, Rejection
 from conductor.core.scheduler import Scheduler
 from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role, Tier
 from conductor.sim.config import SimConfig
+from conductor.sim.decode_cache import held_tokens
 from conductor.sim.engine import EngineLoop
 from conductor.sim.events import (
     CopyDone,
@@ -323,5 +324,8 @@ class PrefillSide:
             return
         if self.cfg.handoff == "serial":
             overlap_s = 0.0
-        end = transfer(node, dst, t - overlap_s, self.cost.transfer_s(req.prompt_tokens))
+        held = held_tokens(dst, req.block_hashes, self.block, req.prompt_tokens)
+        rec.handoff_held_tokens = held
+        seconds = self.cost.transfer_s(req.prompt_tokens - held)
+        end = transfer(node, dst, t - overlap_s, seconds)
         self.push(end if end > t else t, DecodeJoin(decode_iid, i))

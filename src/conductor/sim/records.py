@@ -24,6 +24,9 @@ class RequestRecord:
     predicted_ttft_s: float | None = None
     local_tokens: int = 0
     fetched_tokens: int = 0
+    handoff_held_tokens: int = 0
+    """Prompt tokens its decode engine already held (``SimConfig.decode_cache``): the
+    hand-off did not carry them."""
     prefill_start_s: float | None = None
     prefill_end_s: float | None = None
     first_token_lag_s: float = 0.0
@@ -134,6 +137,7 @@ def summarize(
         "goodput_tokens_per_s": round(good_tokens / duration_s, 3) if duration_s > 0 else 0.0,
         "cache_hit_rate": round(cached / prompt, 6) if prompt else 0.0,
         "fetched_tokens": sum(r.fetched_tokens for r in prefilled),
+        "handoff_held_tokens": sum(r.handoff_held_tokens for r in prefilled),
         "cpp_requests": sum(1 for r in prefilled if r.cpp_nodes > 1),
         "preemptions": sum(r.preemptions for r in records),
         "ttft_by_prompt_s": {

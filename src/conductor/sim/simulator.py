@@ -77,7 +77,8 @@ def tracked_blocks(requests: Sequence[Request], ranks: Sequence[int]) -> tuple[B
 
 def make_engines(cfg: SimConfig, scheduler: Scheduler) -> dict[InstanceId, Engine]:
     """``prefill-*``, ``decode-*`` then ``both-*`` engines, registered with ``scheduler``
-    in that order; prefill-capable ones get an LRU prefix cache."""
+    in that order; prefill-capable ones get an LRU prefix cache, decode ones with
+    ``cfg.decode_cache`` one in their free KV blocks."""
     eng = cfg.engine
     cost = cfg.cost
     kv_tokens = eng.kv_capacity_tokens or cost.kv_capacity_tokens
@@ -92,6 +93,8 @@ def make_engines(cfg: SimConfig, scheduler: Scheduler) -> dict[InstanceId, Engin
             iid = InstanceId(f"{role.value}-{i}")
             scheduler.add_instance(InstanceSpec(iid, role))
             cache = LruBlockCache(cfg.cache_capacity_blocks) if role.prefills else None
+            if role is Role.DECODE and cfg.decode_cache:
+                cache = LruBlockCache(0)  # sized to the free KV (sim.decode_cache)
             out[iid] = Engine(
                 iid,
                 role,
@@ -152,6 +155,8 @@ class _Simulation:
             self.engines,
             self.loop,
             load_kv=cfg.handoff == "load",
+            block=cfg.scheduler.block_size_tokens,
+            emit=self.prefill.emit,
         )
         self.decode.on_release = self.prefill.release
 

@@ -16,6 +16,7 @@ from typing import ClassVar, Protocol
 
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel
+from conductor.core.decode_holdings import DecodeHoldings
 from conductor.core.nic import NicBook
 from conductor.core.output_length import UNKNOWN_OUTPUT, OutputEstimate
 from conductor.core.prefix_index import PrefixMatch
@@ -73,8 +74,14 @@ class SchedulingContext:
     true length."""
     nic: NicBook | None = None
     """Booked NIC transfers (:mod:`conductor.core.nic`): a fetch's wait is priced in."""
+    decode_index: DecodeHoldings | None = None
+    """What the decode-only instances hold (their KV events), read by
+    :meth:`decode_cached_tokens`."""
     _prefill_memo: dict[int, float] = field(
         default_factory=dict, init=False, repr=False, compare=False
+    )
+    _decode_held: dict[InstanceId, int] | None = field(
+        default=None, init=False, repr=False, compare=False
     )
 
     def prefill_s(self, cached_tokens: int) -> float:
@@ -84,6 +91,26 @@ class SchedulingContext:
             t = self.cost.prefill_s(self.request.prompt_tokens, cached_tokens)
             self._prefill_memo[cached_tokens] = t
         return t
+
+    def decode_cached_tokens(self, decode: InstanceId) -> int:
+        """Prompt tokens whose KV ``decode`` already holds (its own prefix cache, e.g. an
+        earlier turn of the conversation it decoded): a hand-off to it carries only the
+        rest. 0 for an instance that publishes no KV events, or one that prefills."""
+        blocks = self.decode_held_blocks().get(decode, 0)
+        return self.tokens(blocks) if blocks else 0
+
+    def decode_held_blocks(self) -> dict[InstanceId, int]:
+        """Leading blocks of the prompt each decode-only instance holds (absent: none)."""
+        held = self._decode_held
+        if held is None:
+            index = self.decode_index
+            held = {} if index is None else index.held_blocks(self.request.block_hashes)
+            self._decode_held = held
+        return held
+
+    def handoff_tokens(self, decode: InstanceId) -> int:
+        """Prompt tokens a hand-off to ``decode`` carries (all but what it holds)."""
+        return self.request.prompt_tokens - self.decode_cached_tokens(decode)
 
     def nic_wait_s(self, source: InstanceId | None, target: InstanceId) -> float:
         """How long a fetch from ``source`` to ``target`` would wait for their NICs."""

@@ -15,7 +15,9 @@ prefill's end (``tail``) adds to the first interval, so
 ``TBT(d) = step(d) * (1 + 0.5 / k) + tail(d) / k``.
 
 The tail differs between decode instances by their ingress: a burst of requests placed on
-one instance (e.g. the one that just freed room) queues their hand-offs on its NIC. The
+one instance (e.g. the one that just freed room) queues their hand-offs on its NIC; and by
+what each already holds of the prompt (its prefix cache, from its KV events: an earlier turn
+of the conversation it decoded), which the hand-off need not carry. The
 rest — KV room, batch limit, ``fits``, the same-rack preference — is
 :func:`~conductor.core.policies.decode.least_tbt`'s. No parameter: every term is the cost
 model's or the NIC book's.
@@ -56,6 +58,8 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
             bw = p.spec.nic_bytes_per_s
             break
     seconds = cost.transfer_s(req.prompt_tokens, bw)
+    held = ctx.decode_held_blocks().get
+    tokens = ctx.tokens
     # the hand-off's earliest start on every decode instance: the stream's start and the
     # prefill instance's egress (NicBook.handoff_tail_s, inlined: the ingress is per instance)
     planned_in: dict[InstanceId, float] = {}
@@ -89,7 +93,12 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
         iid = spec.instance_id
         if iid != src:
             ingress = planned_in.get(iid, 0.0)
-            tail = ingress + seconds - end if ingress > base else late
+            has = held(iid)
+            if has:  # it holds part of the prompt already: the hand-off carries the rest
+                secs = cost.transfer_s(req.prompt_tokens - tokens(has), bw)
+                tail = (ingress if ingress > base else base) + secs - end
+            else:
+                tail = ingress + seconds - end if ingress > base else late
             if tail > 0.0:
                 key += tail * per_tail
                 if not decode_first:
