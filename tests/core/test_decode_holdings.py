@@ -26,8 +26,15 @@ def test_leading_blocks_per_holder_with_stores_removals_and_clears() -> None:
     assert d.held_blocks(()) == {}
     d.clear(d0)
     assert d.count(d0) == 0 and d.count(d1) == 2
+    assert d.held_blocks(hashes(1, 2)) == {}
+    d.remove(d1, hashes(2, 3), Tier.GPU)  # emptied, then filled again: matched again
+    assert d.held_blocks(hashes(2, 3)) == {}
+    d.store(d1, hashes(2), Tier.GPU)
+    d.store(d0, hashes(2), Tier.GPU)
+    assert d.held_blocks(hashes(2, 3)) == {d0: 1, d1: 1}
+    d.store(d1, hashes(3), Tier.GPU)
     d.remove_holder(d1)
-    assert d1 not in d and d.held_blocks(hashes(2, 3)) == {}
+    assert d1 not in d and d.held_blocks(hashes(2, 3)) == {d0: 1}
 
 
 def test_the_scheduler_routes_decode_only_instances_events_to_it() -> None:

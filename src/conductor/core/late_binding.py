@@ -206,12 +206,18 @@ class HoldQueue:
             return None
         offsets = self._claim_offsets(prefill_pool)
         nic = self.scheduler.nic if self.rule.nic_aware else None
+        # NicBook.egress_free_s inlined (this loop runs on every release)
+        booked = nic.out_free_s.get if nic is not None else None
+        planned = nic.planned_out_s.get if nic is not None else None
         best = second = math.inf
         for inst in prefill_pool:
             t = inst.prefill.busy_until_s
             iid = inst.spec.instance_id
-            if nic is not None:
-                e = nic.egress_free_s(iid)
+            if booked is not None and planned is not None:
+                e = booked(iid, 0.0)
+                if e > t:
+                    t = e
+                e = planned(iid, 0.0)
                 if e > t:
                     t = e
             if offsets is not None:

@@ -31,11 +31,7 @@ from conductor.core.forecast import DecodeForecast
 from conductor.core.hotspot import HotspotTracker
 from conductor.core.inflight import InFlight
 from conductor.core.nic import NicBook
-from conductor.core.output_length import (
-    LengthHistogram,
-    OutputLengthModel,
-    output_cap,
-)
+from conductor.core.output_length import LengthHistogram, OutputLengthModel, output_cap
 from conductor.core.plan import Decision, Fetch, Migration, Plan, Rejection
 from conductor.core.policies import (
     DecodeChoice,
@@ -100,10 +96,7 @@ class Scheduler:
             decode_policy = cast(DecodePolicy, self.policy)  # the policy brings its own
         self.decode_policy: DecodePolicy = decode_policy or LeastTbtDecode()
         self.index = PrefixIndex()
-        self.decode_index = DecodeHoldings()
-        """What the decode-only instances hold (their KV events): blocks a hand-off to them
-        need not carry. Apart from :attr:`index`, so that no prefill placement fetches from
-        a decode engine."""
+        self.decode_index = DecodeHoldings()  # decode-only instances' caches: no fetch source
         self.instances: dict[InstanceId, InstanceState] = {}
         self._inflight: dict[RequestId, InFlight] = {}
         self._rng = random.Random(self.config.seed)
@@ -135,8 +128,7 @@ class Scheduler:
         self.instances.pop(instance, None)
         if instance in self.index:
             self.index.remove_holder(instance)
-        if instance in self.decode_index:
-            self.decode_index.remove_holder(instance)
+        self.decode_index.remove_holder(instance)  # a no-op unless decode-only
         self._pools = None
         lost = [
             rid
@@ -161,9 +153,6 @@ class Scheduler:
         except KeyError:
             raise UnknownInstance(instance) from None
 
-    def _index_of(self, holder: InstanceId) -> PrefixIndex | DecodeHoldings:
-        return self.decode_index if holder in self.decode_index else self.index
-
     def pools(self) -> tuple[list[InstanceState], list[InstanceState]]:
         if self._pools is None:
             states = [s for s in self.instances.values() if s.schedulable]
@@ -175,17 +164,19 @@ class Scheduler:
 
     # -- events --------------------------------------------------------------------------
     def on_event(self, event: Event) -> None:
+        if isinstance(event, BlocksStored | BlocksRemoved):  # most events: the index alone
+            index = self.decode_index if event.holder in self.decode_index else self.index
+            act = index.store if isinstance(event, BlocksStored) else index.remove
+            act(event.holder, event.block_hashes, event.tier)
+            return
         consumed = self.correction.observe(event, self.instances, self._inflight.get)
         self.cost = self.correction.cost
         if consumed:  # an engine's timing or load report (conductor.core.correction)
             return
         match event:
-            case BlocksStored(holder, hashes, tier, _):
-                self._index_of(holder).store(holder, hashes, tier)
-            case BlocksRemoved(holder, hashes, tier, _):
-                self._index_of(holder).remove(holder, hashes, tier)
             case AllBlocksCleared(holder, tier, _):
-                self._index_of(holder).clear(holder, tier)
+                index = self.decode_index if holder in self.decode_index else self.index
+                index.clear(holder, tier)
             case InstanceGone(holder):
                 self.remove_instance(holder)
             case PrefillFinished(rid, inst, now):

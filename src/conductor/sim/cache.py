@@ -7,8 +7,9 @@ returns what it stored and evicted so the simulator can publish KV events.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
+from itertools import islice
 
 from conductor.core.types import BlockHash
 
@@ -46,26 +47,37 @@ class LruBlockCache:
         cap = self.capacity_blocks
         if cap is not None and len(hashes) > cap:
             hashes = hashes[:cap]
-        stored: list[BlockHash] = []
-        for h in hashes:
-            if h in lru:
-                lru.move_to_end(h)
-            else:
-                lru[h] = None
-                stored.append(h)
+        stored: list[BlockHash]
+        if not any(map(lru.__contains__, hashes)):  # all new: appended in order, in C
+            lru.update(dict.fromkeys(hashes))
+            stored = list(hashes)
+        else:
+            stored = []
+            for h in hashes:
+                if h in lru:
+                    lru.move_to_end(h)
+                else:
+                    lru[h] = None
+                    stored.append(h)
         evicted: list[BlockHash] = []
         if cap is not None:
             # the chain now sits at the recent end, so victims are never its own blocks
-            pop = lru.popitem
-            evicted.extend(pop(last=False)[0] for _ in range(len(lru) - cap))
+            evicted = self._evict_oldest(len(lru) - cap)
         return stored, evicted
+
+    def _evict_oldest(self, n: int) -> list[BlockHash]:
+        """Drop the ``n`` least recently used blocks (none if ``n <= 0``); returns them."""
+        if n <= 0:
+            return []
+        lru = self._lru
+        victims = list(islice(lru, n))  # oldest first
+        deque(map(lru.__delitem__, victims), maxlen=0)
+        return victims
 
     def shrink(self, capacity_blocks: int) -> list[BlockHash]:
         """Set the capacity and evict the least recently used blocks beyond it."""
         self.capacity_blocks = capacity_blocks
-        lru = self._lru
-        pop = lru.popitem
-        return [pop(last=False)[0] for _ in range(len(lru) - capacity_blocks)]
+        return self._evict_oldest(len(self._lru) - capacity_blocks)
 
     def remove(self, hashes: Sequence[BlockHash]) -> None:
         for h in hashes:

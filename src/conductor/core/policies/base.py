@@ -96,7 +96,8 @@ class SchedulingContext:
         """Prompt tokens whose KV ``decode`` already holds (its own prefix cache, e.g. an
         earlier turn of the conversation it decoded): a hand-off to it carries only the
         rest. 0 for an instance that publishes no KV events, or one that prefills."""
-        blocks = self.decode_held_blocks().get(decode, 0)
+        held = self.decode_held_blocks()
+        blocks = held.get(decode, 0) if held else 0
         return self.tokens(blocks) if blocks else 0
 
     def decode_held_blocks(self) -> dict[InstanceId, int]:

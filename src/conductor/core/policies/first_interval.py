@@ -58,8 +58,9 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
             bw = p.spec.nic_bytes_per_s
             break
     seconds = cost.transfer_s(req.prompt_tokens, bw)
-    held = ctx.decode_held_blocks().get
-    tokens = ctx.tokens
+    holdings = ctx.decode_held_blocks()
+    held = holdings.get
+    carried: dict[int, float] = {}  # blocks held -> the shorter hand-off's seconds
     # the hand-off's earliest start on every decode instance: the stream's start and the
     # prefill instance's egress (NicBook.handoff_tail_s, inlined: the ingress is per instance)
     planned_in: dict[InstanceId, float] = {}
@@ -93,9 +94,11 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
         iid = spec.instance_id
         if iid != src:
             ingress = planned_in.get(iid, 0.0)
-            has = held(iid)
+            has = held(iid) if holdings else 0
             if has:  # it holds part of the prompt already: the hand-off carries the rest
-                secs = cost.transfer_s(req.prompt_tokens - tokens(has), bw)
+                secs = carried.get(has, -1.0)
+                if secs < 0.0:
+                    secs = carried[has] = cost.transfer_s(req.prompt_tokens - ctx.tokens(has), bw)
                 tail = (ingress if ingress > base else base) + secs - end
             else:
                 tail = ingress + seconds - end if ingress > base else late
