@@ -99,6 +99,11 @@ async def test_b_pd_flow_end_to_end_with_external_cache_hits_on_decode(
         after = metric((await d.get("/metrics")).text, "vllm:external_prefix_cache_hits_total")
         # the prefill engine's KV events reached the index
         await eventually(lambda: gw.conductor.index.count(InstanceId("prefill")) > 0, 10)
+        # and the decode engine's (the prompts it loaded stay in its prefix cache) reached
+        # the decode holdings, which a hand-off to it need not carry, not the prefix index
+        # that prefill placement fetches from
+        await eventually(lambda: gw.conductor.decode_index.count(InstanceId("decode")) > 0, 10)
+        assert gw.conductor.index.count(InstanceId("decode")) == 0
         metrics = (await client.get("/metrics")).text
     assert all(n > 40 for n in prompt_tokens), prompt_tokens
     assert after - before >= 32 * len(PROMPTS), (before, after)
