@@ -60,3 +60,5 @@ $C capacity --bisect-steps 3 --tbt-slos-ms 100 --json $R/capacity.json > $R/capa
 $PY bench/fig5_mfu.py --out $R --mfus 0.35,0.375,0.42,0.5
 # engines off the cost model (sigma 0.3, +30%): corrected online vs not, beside two references
 $PY bench/cost_error.py --out $R
+# held-out: fresh seeds and settings no parameter was chosen on (docs/results.md 3b)
+$PY bench/heldout.py --json $R/heldout.json

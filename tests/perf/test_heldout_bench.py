@@ -1,0 +1,63 @@
+"""bench/heldout.py: its case syntax (bad input named) and its verdict on given figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "heldout.py"
+
+
+def _bench() -> ModuleType:
+    sys.path.insert(0, str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("heldout", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["heldout"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cases_parse_and_bad_ones_are_named() -> None:
+    m = _bench()
+    cases = m.parse_cases("chat:12:13:base, docqa:1.5:17:tbt60")
+    assert [(c.kind, c.speed, c.seed, c.variant) for c in cases] == [
+        ("chat", 12.0, 13, "base"),
+        ("docqa", 1.5, 17, "tbt60"),
+    ]
+    assert cases[1].label == "docqa 1.5x seed 17 tbt60"
+    for text, named in (
+        ("chat:1:13", "'chat:1:13' is not KIND:SPEED:SEED:VARIANT"),
+        ("code:1:13:base", "unknown kind 'code'"),
+        ("chat:1:13:fast", "unknown variant 'fast'"),
+        ("chat:x:13:base", "SPEED must be a number and SEED an integer"),
+        ("chat:0:13:base", "SPEED must be > 0"),
+        (" , ", "no case given"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            m.parse_cases(text)
+    assert set(m.VARIANTS) == {"base", "tbt60", "ttft10", "4p4d", "8p4d", "off", "costerr"}
+    for case in m.parse_cases(m.DEFAULT_CASES):
+        assert case.variant in m.VARIANTS
+
+
+def test_verdict_compares_with_the_best_and_the_fastest_peer() -> None:
+    m = _bench()
+
+    def row(goodput: float, ttft: float) -> dict[str, float]:
+        return {"goodput_rps": goodput, "ttft_mean_s": ttft, "slo_attainment": 1.0, "rejected": 0}
+
+    rows = {"conductor": row(4.0, 3.0), "sglang": row(3.2, 2.5), "llmd": row(3.6, 4.0)}
+    v = m.verdict(rows)
+    assert v["best_peer"] == "llmd"
+    assert v["goodput_margin"] == pytest.approx(4.0 / 3.6 - 1.0)
+    assert v["highest_goodput"] is True
+    assert v["fastest_peer"] == "sglang"
+    assert v["lowest_ttft"] is False
+    # ties at the printed precision count as ties
+    tied = m.verdict({"conductor": row(2.4401, 0.181), "random": row(2.4398, 0.184)})
+    assert tied["highest_goodput"] is True and tied["lowest_ttft"] is True
