@@ -29,6 +29,7 @@ from tests.engines.fixtures import (  # noqa: E402
     SERVED_MODEL_NAME,
     TINY_MODEL,
     VllmEngine,
+    engine_dtype,
     free_ports,
     start_vllm_engine,
 )
@@ -220,6 +221,7 @@ def start_vllm(
             assert e.vllm is not None
             e.info["healthy_after_s"] = round(e.vllm.wait_healthy(), 1)
             e.info["cache_config"] = vllm_cache_info(e.url)
+            e.info["dtype"] = engine_dtype() or "vLLM's default"
             if pin:  # threads started after the first taskset: pin them all again
                 for pid in _group_pids(e.proc.pid):
                     subprocess.run(["taskset", "-a", "-p", "-c", str(engines.index(e) % cores),

@@ -45,6 +45,28 @@ BASE_ENV: Mapping[str, str] = {
 }
 
 
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+"""CPU flags with which vLLM's CPU backend runs bfloat16 natively."""
+
+
+def engine_dtype(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The ``--dtype`` the test engines run with: vLLM's CPU backend downcasts a float32
+    model to bfloat16, which a CPU without :data:`BF16_CPU_FLAGS` only emulates (measured on
+    an AVX2-only EPYC: the fidelity model's prefill 0.015 s per token, 170x the 8.7e-5 s
+    profiled for it in docs/results/fidelity.json; the reduced fidelity test's requests then
+    timed out), so there the engines run float32; None (vLLM's default) where the flags are
+    present or unknown."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    flags = next((ln for ln in text.splitlines() if ln.startswith("flags")), None)
+    if flags is None:
+        return None
+    have = set(flags.split(":", 1)[-1].split())
+    return None if have.intersection(BF16_CPU_FLAGS) else "float32"
+
+
 def missing_prerequisites() -> str | None:
     """Why a real engine cannot start here, or None if it can."""
     if not (VLLM_VENV / ".installed").exists() or not VLLM_PYTHON.exists():
@@ -183,6 +205,9 @@ def start_vllm_engine(
         str(block_size),
         "--enable-prefix-caching",
     ]
+    dtype = engine_dtype()
+    if dtype is not None:
+        args += ["--dtype", dtype]
     if kv_events_port is not None:
         config: dict[str, object] = {
             "enable_kv_cache_events": True,
