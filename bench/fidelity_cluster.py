@@ -31,6 +31,7 @@ from tests.engines.fixtures import (  # noqa: E402
     VllmEngine,
     engine_dtype,
     free_ports,
+    profile_args,
     start_vllm_engine,
 )
 
@@ -399,7 +400,7 @@ QUICK_PROFILE = (
 def profile(engine: Engine, model: Path, out: Path, extra: Sequence[str] = ()) -> None:
     """``conductor profile`` of one engine (idle) serving ``model``, written to ``out``."""
     cmd = [*CLI, "profile", "--url", engine.url, "--model-path", str(model)]
-    cmd += ["--out", str(out), "--name", model.name, *extra]
+    cmd += ["--out", str(out), "--name", model.name, *profile_args(), *extra]
     subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
 
 
@@ -410,7 +411,7 @@ def profile_together(engines: Sequence[Engine], model: Path, out: Path, work: Pa
     for i, e in enumerate(engines):
         target = out if i == 0 else work / f"cost-{e.engine_id}.toml"
         cmd = [*CLI, "profile", "--url", e.url, "--model-path", str(model)]
-        cmd += ["--out", str(target), "--name", model.name]
+        cmd += ["--out", str(target), "--name", model.name, *profile_args()]
         procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL))
     codes = [p.wait() for p in procs]
     if any(codes):

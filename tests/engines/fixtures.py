@@ -67,6 +67,12 @@ def engine_dtype(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     return None if have.intersection(BF16_CPU_FLAGS) else "float32"
 
 
+def profile_args() -> list[str]:
+    """``conductor profile`` flags for an engine started here: its KV element size (4 bytes
+    when :func:`engine_dtype` runs it float32, else the profile's default, 2: bfloat16)."""
+    return ["--kv-bytes-per-elem", "4"] if engine_dtype() == "float32" else []
+
+
 def missing_prerequisites() -> str | None:
     """Why a real engine cannot start here, or None if it can."""
     if not (VLLM_VENV / ".installed").exists() or not VLLM_PYTHON.exists():

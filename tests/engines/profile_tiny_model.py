@@ -21,6 +21,7 @@ from tests.engines.fixtures import (  # noqa: E402
     TINY_MODEL,
     free_ports,
     missing_prerequisites,
+    profile_args,
     start_vllm_engine,
 )
 
@@ -38,6 +39,7 @@ def main(out: Path) -> int:
         start = time.monotonic()
         cmd = [sys.executable, "-m", "conductor.cli.main", "profile", "--url", engine.base_url]
         cmd += ["--model-path", str(TINY_MODEL), "--out", str(out), "--name", "tiny-cpu"]
+        cmd += profile_args()
         code = subprocess.call(cmd, cwd=REPO)
         print(f"profiled in {time.monotonic() - start:.0f} s", file=sys.stderr)
         return code

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from conductor.cli.main import app
 from conductor.core.cost_file import cost_to_mapping, parse_cost_file, render_cost_file
-from tests.engines.fixtures import TINY_MODEL, VllmEngine
+from tests.engines.fixtures import TINY_MODEL, VllmEngine, profile_args
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 runner = CliRunner()
@@ -22,7 +22,7 @@ KV_CACHE_BYTES = 1 << 30
 def test_profile_a_real_engine(vllm_engine: VllmEngine, tmp_path: Path) -> None:
     out = tmp_path / "cost.toml"
     plan = ["--lengths", "32,256,1024", "--repeats", "2", "--warmup", "2"]
-    plan += ["--batch-sizes", "1,4", "--contexts", "64,512"]
+    plan += ["--batch-sizes", "1,4", "--contexts", "64,512", *profile_args()]
     args = ["profile", "--url", vllm_engine.base_url, "--model-path", str(TINY_MODEL)]
     r = runner.invoke(app, [*args, "--out", str(out), *plan])
     assert r.exit_code == 0, r.output
