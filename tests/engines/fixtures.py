@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -82,15 +83,53 @@ def missing_prerequisites() -> str | None:
     return None
 
 
+PORTS_FLOOR = 10_000
+"""The lowest port :func:`free_ports` hands out."""
+_handed_out: set[int] = set()
+_port_rng = random.Random()
+
+
+def _ephemeral_floor(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The lowest port the kernel gives to sockets bound to port 0 (32768 if unknown)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports that were free a moment ago on 127.0.0.1."""
-    with contextlib.ExitStack() as stack:
-        ports: list[int] = []
-        for _ in range(n):
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind(("127.0.0.1", 0))
-            ports.append(int(s.getsockname()[1]))
-        return ports
+    """``n`` distinct TCP ports, free a moment ago on every interface, below the kernel's
+    ephemeral range and never handed out before in this process. An engine binds several
+    sockets to ports the kernel picks (port 0) while it starts; a port of ours from the
+    ephemeral range could be taken by one of those between our check and its owner's bind
+    (seen here: ``zmq.error.ZMQError: Address already in use`` for a KV-event port of two
+    engines started together)."""
+    top = _ephemeral_floor()
+    if top - PORTS_FLOOR < 100 * n:  # no room below the range: let the kernel choose
+        with contextlib.ExitStack() as stack:
+            ports: list[int] = []
+            for _ in range(n):
+                s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                s.bind(("127.0.0.1", 0))
+                ports.append(int(s.getsockname()[1]))
+            return ports
+    out: list[int] = []
+    for _ in range(100 * (top - PORTS_FLOOR)):
+        if len(out) == n:
+            break
+        port = _port_rng.randrange(PORTS_FLOOR, top)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        out.append(port)
+    if len(out) < n:
+        raise RuntimeError(f"found only {len(out)} of {n} free ports in [{PORTS_FLOOR}, {top})")
+    return out
 
 
 def free_port() -> int:
