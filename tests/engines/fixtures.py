@@ -11,6 +11,7 @@ Reusable for P/D pairs: pass the connector flags as ``extra_args``, e.g.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
@@ -50,6 +51,7 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 """CPU flags with which vLLM's CPU backend runs bfloat16 natively."""
 
 
+@functools.cache
 def engine_dtype(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     """The ``--dtype`` the test engines run with: vLLM's CPU backend downcasts a float32
     model to bfloat16, which a CPU without :data:`BF16_CPU_FLAGS` only emulates (measured on
@@ -85,6 +87,8 @@ def missing_prerequisites() -> str | None:
 
 PORTS_FLOOR = 10_000
 """The lowest port :func:`free_ports` hands out."""
+PORT_TRIES_PER_PORT = 100
+"""Random candidates :func:`free_ports` tries per port asked for before it gives up."""
 _handed_out: set[int] = set()
 _port_rng = random.Random()
 
@@ -105,7 +109,7 @@ def free_ports(n: int) -> list[int]:
     (seen here: ``zmq.error.ZMQError: Address already in use`` for a KV-event port of two
     engines started together)."""
     top = _ephemeral_floor()
-    if top - PORTS_FLOOR < 100 * n:  # no room below the range: let the kernel choose
+    if top - PORTS_FLOOR < PORT_TRIES_PER_PORT * n:  # no room below it: the kernel chooses
         with contextlib.ExitStack() as stack:
             ports: list[int] = []
             for _ in range(n):
@@ -114,7 +118,7 @@ def free_ports(n: int) -> list[int]:
                 ports.append(int(s.getsockname()[1]))
             return ports
     out: list[int] = []
-    for _ in range(100 * (top - PORTS_FLOOR)):
+    for _ in range(PORT_TRIES_PER_PORT * n):
         if len(out) == n:
             break
         port = _port_rng.randrange(PORTS_FLOOR, top)
