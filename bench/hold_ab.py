@@ -48,6 +48,7 @@ from fidelity import (  # noqa: E402
 from fidelity_parts import EngineShape, Scaling  # noqa: E402
 
 from conductor.core.cost_file import parse_cost_file  # noqa: E402
+from conductor.core.policies.registry import policy_names  # noqa: E402
 from tests.engines.fixtures import missing_prerequisites  # noqa: E402
 
 DEFAULT_VARIANTS = "round_robin;conductor;conductor --set hold_horizon_ms=30"
@@ -58,8 +59,10 @@ def parse_variants(text: str) -> list[tuple[str, list[str]]]:
     out: list[tuple[str, list[str]]] = []
     for item in (x.strip() for x in text.split(";") if x.strip()):
         words = shlex.split(item)
-        if words[0].startswith("-"):
-            raise ValueError(f"{item!r} does not start with a policy name")
+        if words[0] not in policy_names():
+            raise ValueError(
+                f"{item!r}: {words[0]!r} is not a policy (one of {', '.join(policy_names())})"
+            )
         out.append((words[0], words[1:]))
     if len(out) < 2:
         raise ValueError(f"{text!r}: give at least two variants, separated by ';'")
