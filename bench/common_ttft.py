@@ -50,20 +50,25 @@ def _p50(ttft: dict[str, float], ids: Iterable[str]) -> float:
     return round(statistics.median(ttft[i] for i in ids), 3)
 
 
-def pair(kind: str, speed: float, peer: str, seed: int) -> dict[str, object]:
-    ours = _completed("conductor", kind, speed, seed)
-    theirs = _completed(peer, kind, speed, seed)
-    both = set(ours) & set(theirs)
+def compare_sets(ours: dict[str, float], theirs: dict[str, float], peer: str) -> dict[str, object]:
+    """Counts, plain means and the common set's mean and p50 of two TTFT maps (by request
+    id); ``conductor`` is ``ours``."""
+    both = sorted(set(ours) & set(theirs))
+    if not both:
+        raise ValueError("the two policies completed no request in common")
     return {
-        "workload": kind,
-        "speed": speed,
-        "seed": seed,
-        "peer": peer,
         "completed": {"conductor": len(ours), peer: len(theirs), "both": len(both)},
         "mean_ttft_s": {"conductor": _mean(ours, ours), peer: _mean(theirs, theirs)},
         "common_mean_ttft_s": {"conductor": _mean(ours, both), peer: _mean(theirs, both)},
         "common_p50_ttft_s": {"conductor": _p50(ours, both), peer: _p50(theirs, both)},
     }
+
+
+def pair(kind: str, speed: float, peer: str, seed: int) -> dict[str, object]:
+    ours = _completed("conductor", kind, speed, seed)
+    theirs = _completed(peer, kind, speed, seed)
+    head: dict[str, object] = {"workload": kind, "speed": speed, "seed": seed, "peer": peer}
+    return head | compare_sets(ours, theirs, peer)
 
 
 def main() -> None:
