@@ -128,7 +128,9 @@ def test_ctrl_c_writes_what_finished(emu: EmulatorThread, tmp_path: Path) -> Non
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "conductor.cli.main", "replay", "--trace", str(trace)]
     cmd += ["--url", emu.base_url, *SCALE, "--json", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # PYTHONFAULTHANDLER: should it ever hang after SIGINT, SIGABRT makes it print where
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:
         deadline = time.monotonic() + 60
         while _finished(emu) < 2:
@@ -136,10 +138,16 @@ def test_ctrl_c_writes_what_finished(emu: EmulatorThread, tmp_path: Path) -> Non
             assert time.monotonic() < deadline, "the first two requests did not finish"
             time.sleep(0.1)
         os.kill(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"replay still running 60 s after SIGINT; its stacks:\n{err.decode()}")
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.communicate()
     assert proc.returncode == 130, err
     assert b"interrupted: 2 of 3 requests finished" in err
     got = json.loads(out.read_text())
