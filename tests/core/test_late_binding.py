@@ -14,12 +14,13 @@ from dataclasses import replace
 import pytest
 
 from conductor.core.events import BlocksStored
-from conductor.core.late_binding import HoldQueue, late_binding_of
+from conductor.core.late_binding import HoldQueue
 from conductor.core.late_binding_rule import (
     CLAIM_LAG_FLOOR_S,
     HOLD_AGE_WEIGHT,
     LateBinding,
     claim_lag_s,
+    late_binding_of,
 )
 from conductor.core.plan import Plan, Rejection
 from conductor.core.types import RequestId, Tier
@@ -31,14 +32,17 @@ PLAIN = LateBinding(horizon_s=0.0, decode_aware=False, nic_aware=False)
 
 def test_conductor_brings_late_binding_and_a_run_can_switch_it_off() -> None:
     on = make_conductor(1, 1, policy="conductor")
-    assert late_binding_of(on) == LateBinding(0.0, True, 0.1, True, HOLD_AGE_WEIGHT)
+    assert late_binding_of(on) == LateBinding(0.0, True, 0.1, True, HOLD_AGE_WEIGHT, True)
     fifo = {"late_binding_age_weight": math.inf}
     by_deadline = make_conductor(1, 1, policy="conductor", policy_params=fifo)
-    assert late_binding_of(by_deadline) == LateBinding(0.0, True, 0.1, True, math.inf)
+    assert late_binding_of(by_deadline) == LateBinding(0.0, True, 0.1, True, math.inf, True)
     off = make_conductor(1, 1, policy="conductor", policy_params={"late_binding": 0.0})
     assert late_binding_of(off) is None
     wide = make_conductor(1, 1, policy="conductor", policy_params={"late_binding_horizon_s": 2.0})
-    assert late_binding_of(wide) == LateBinding(2.0, True, 0.1, True, HOLD_AGE_WEIGHT)
+    assert late_binding_of(wide) == LateBinding(2.0, True, 0.1, True, HOLD_AGE_WEIGHT, True)
+    keep = {"late_binding_reject_ahead": 0.0}
+    lenient = make_conductor(1, 1, policy="conductor", policy_params=keep)
+    assert late_binding_of(lenient) == LateBinding(0.0, True, 0.1, True, HOLD_AGE_WEIGHT, False)
     assert late_binding_of(make_conductor(1, 1, policy="mooncake")) is None
     with pytest.raises(ValueError, match="horizon_s"):
         LateBinding(-1.0)
@@ -364,3 +368,60 @@ def test_when_the_first_by_key_and_the_most_urgent_have_no_decode_room_the_next_
     (r4,) = q.release(0.04)
     assert isinstance(r4, Plan) and r4.request_id == "r4"
     assert len(q) == 2
+
+
+EARLY = replace(AGED, reject_ahead=True)
+
+
+def test_a_request_that_misses_its_slo_behind_the_held_ones_is_rejected_at_arrival() -> None:
+    """TTFT SLO 100 ms, 40-token prompts (40 ms each). r1 occupies p0 until 0.04; r2 is
+    held (it starts at 0.04: TTFT 80 ms). r3, behind r2 by key, would start at 0.08: TTFT
+    120 ms > 100 ms, so it is rejected now instead of when its budget runs out, and nothing
+    accepted is lost: r2 still goes at 0.04. Behind r2 as well, r4 shares r2's whole
+    prompt (cached once r2 is done: 1 ms of prefill) and is kept. Without the rule r3 is
+    held and rejected at 0.08, with 20 ms of budget left for 40 ms of prefill."""
+    c = make_conductor(1, 1, policy="conductor", admission="early", ttft_slo_s=0.1)
+    q = HoldQueue(c, EARLY)
+    (r1,) = q.submit(req("r1", hashes(1), 40), 0.0)
+    assert isinstance(r1, Plan)
+    assert q.submit(req("r2", hashes(*range(10, 20)), 40), 0.0) == []
+    (r3,) = q.submit(req("r3", hashes(*range(20, 30)), 40), 0.0)
+    assert isinstance(r3, Rejection) and r3.request_id == "r3" and r3.code == "ttft_slo"
+    assert r3.reason == "predicted TTFT 0.120s > SLO 0.100s waiting behind 1 held request"
+    assert r3.predicted_ttft_s == pytest.approx(0.12)
+    assert q.submit(req("r4", hashes(*range(10, 20)), 40), 0.0) == [] and len(q) == 2
+    (r2,) = q.release(0.04)
+    assert isinstance(r2, Plan) and r2.request_id == "r2"
+
+    c = make_conductor(1, 1, policy="conductor", admission="early", ttft_slo_s=0.1)
+    lenient = HoldQueue(c, AGED)
+    lenient.submit(req("r1", hashes(1), 40), 0.0)
+    for rid in ("r2", "r3"):
+        assert lenient.submit(req(rid, hashes(), 40), 0.0) == []
+    assert [d.request_id for d in lenient.release(0.04)] == ["r2"]
+    (late,) = lenient.release(0.08)
+    assert isinstance(late, Rejection) and late.request_id == "r3"
+
+
+def test_a_prompt_shared_with_one_still_in_prefill_counts_as_cached() -> None:
+    """r1 (400 tokens) is placed and in prefill on p0 until 0.4; r2, held until then,
+    shares r1's whole prompt: its best case is 1 ms of prefill once r1's blocks are stored,
+    not 400 ms, so with a 500 ms SLO it is kept (TTFT 0.401 s). r3, a 400-token prompt of
+    its own behind r2, would start at 0.401 and take 0.4 s: rejected."""
+    c = make_conductor(1, 1, policy="conductor", admission="early", ttft_slo_s=0.5)
+    q = HoldQueue(c, EARLY)
+    chain = hashes(*range(100))
+    (r1,) = q.submit(req("r1", chain, 400), 0.0)
+    assert isinstance(r1, Plan)
+    assert q.submit(req("r2", chain, 400), 0.0) == []
+    (other,) = q.submit(req("r3", hashes(*range(200, 300)), 400), 0.0)
+    assert isinstance(other, Rejection) and other.predicted_ttft_s == pytest.approx(0.801)
+
+
+def test_with_admission_off_nothing_is_rejected_at_arrival() -> None:
+    c = make_conductor(1, 1, policy="conductor", admission="off", ttft_slo_s=0.1)
+    q = HoldQueue(c, EARLY)
+    q.submit(req("r1", hashes(1), 40), 0.0)
+    for rid in ("r2", "r3", "r4"):
+        assert q.submit(req(rid, hashes(), 40), 0.0) == []
+    assert len(q) == 3

@@ -262,6 +262,38 @@ async def test_a_held_request_whose_ttft_budget_runs_out_is_answered_429() -> No
     assert engines.seen["p"] == ["a"] and gw.conductor.inflight() == 0
 
 
+async def test_a_request_that_would_miss_its_slo_behind_the_held_ones_is_answered_429_at_once() -> (
+    None
+):
+    """Prompts of 200 characters, each predicted to take P to prefill; TTFT SLO 2.5 P. a
+    occupies p; b, held, starts when a ends (TTFT 2 P); c would start after b (3 P): it is
+    answered 429 at arrival, not when its budget runs out, and b is placed as before."""
+    engines, clock = GatedEngines(), ManualClock()
+    prefill_s = committed_cost().prefill_s(200, 0)
+    gw = build(engines, clock, ttft_slo_s=2.5 * prefill_s)
+    hold = gw.pools.first.hold
+    a_, b_, c_ = ("a" * 200, "b" * 200, "c" * 200)
+    async with gateway_app.lifespan(gw):
+        a = asyncio.create_task(gw.generate("completion", body(a_)))
+        await settle(lambda: engines.seen["p"] == [a_])
+        b = asyncio.create_task(gw.generate("completion", body(b_)))
+        await settle(lambda: len(hold) == 1)
+        with pytest.raises(
+            Overloaded, match=r"\(ttft_slo\): predicted TTFT .* behind 1 held request$"
+        ):
+            await gw.generate("completion", body(c_))
+        assert len(hold) == 1 and engines.seen["p"] == [a_]
+        engines.open(a_)
+        await settle(lambda: engines.seen["p"] == [a_, b_])
+        engines.open(b_)
+        answers = await asyncio.gather(a, b)
+    assert [getattr(r, "status", None) for r in answers] == [200, 200]
+    assert engines.seen == {"p": [a_, b_], "d": [a_, b_]}
+    assert metric(gw, 'conductor_hold_seconds_bucket{le="0.0",outcome="rejected"}') == "1.0"
+    assert metric(gw, 'conductor_rejections_total{reason="ttft_slo"}') == "1.0"
+    assert gw.conductor.inflight() == 0
+
+
 async def test_losing_the_last_prefill_engine_answers_the_held_requests_503() -> None:
     engines, clock = GatedEngines(), ManualClock()
     gw = build(engines, clock)

@@ -38,7 +38,9 @@ otherwise nothing overtakes it. It goes once
 
 On release the request is scheduled with its TTFT SLO reduced by the time it waited (so
 admission's TTFT check counts the wait); one whose budget is gone is rejected
-(``ttft_slo``) without a decision. Chunked pipeline parallelism (when the run enables it)
+(``ttft_slo``) without a decision; with ``reject_ahead`` one that would miss its SLO even
+in its best case behind the requests held ahead of it is rejected at arrival
+(:mod:`conductor.core.hold_reject`). Chunked pipeline parallelism (when the run enables it)
 is considered only for a request with nobody held behind it: CPP's helpers must be idle,
 and with a queue here instances look idle only because their work waits in it. The queue
 only decides *when* the scheduler is asked; admission is the scheduler's, the same for every
@@ -52,6 +54,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from conductor.core.hold_reject import doomed
 from conductor.core.late_binding_rule import LateBinding
 from conductor.core.output_length import output_cap
 from conductor.core.plan import Decision, Rejection
@@ -75,25 +78,6 @@ the rule before, 1 changed little, 2 to 8 the same."""
 _GONE, _WAIT, _BLOCKED = 0, 1, 2
 """What :meth:`HoldQueue._attempt` did with a held request: placed or rejected it, or left
 it held because no prefill instance is free yet, or because the decode pool has no room."""
-
-
-def late_binding_of(scheduler: Scheduler) -> LateBinding | None:
-    """The scheduler's policy's late-binding rule, unless the run switches it off
-    (``policy_params["late_binding"] == 0``); ``policy_params["late_binding_horizon_s"]``
-    and ``["late_binding_decode_aware"]`` override its parameters."""
-    rule = getattr(scheduler.policy, "late_binding", None)
-    if not isinstance(rule, LateBinding):
-        return None
-    params = scheduler.config.policy_params
-    if params.get("late_binding", 1.0) == 0.0:
-        return None
-    return LateBinding(
-        params.get("late_binding_horizon_s", rule.horizon_s),
-        bool(params.get("late_binding_decode_aware", float(rule.decode_aware))),
-        params.get("late_binding_tbt_margin", rule.tbt_margin),
-        bool(params.get("late_binding_nic_aware", float(rule.nic_aware))),
-        params.get("late_binding_age_weight", rule.age_weight),
-    )
 
 
 @dataclass(order=True, slots=True)
@@ -152,6 +136,10 @@ class HoldQueue:
                 prefill,
                 request,
             )
+            if self.rule.reject_ahead and self.scheduler.config.admission != "off":
+                doomed = self._doomed(held, now_s)
+                if doomed is not None:
+                    return [doomed, *self.release(now_s)]
             heapq.heappush(self._by_deadline, (deadline, self._seq, held))
         else:
             held = _Held(deadline, self._seq, deadline, now_s, 0.0, request)
@@ -166,6 +154,23 @@ class HoldQueue:
         blocks = sched.index.match(request.block_hashes).best_blocks
         cached = min(blocks * sched.config.block_size_tokens, request.prompt_tokens - 1)
         return sched.cost.prefill_s(request.prompt_tokens, cached)
+
+    def _doomed(self, held: _Held, now_s: float) -> Rejection | None:
+        """A rejection for ``held`` (not queued yet) when it misses its TTFT SLO even in
+        its best case behind the requests held ahead of it by key
+        (:func:`~conductor.core.hold_reject.doomed`)."""
+        key = held.key  # every held request came earlier: ahead iff its key is not above
+        ahead = sorted(h for h in self._heap if h.live and h.key <= key)
+        if not ahead:
+            return None  # nothing is held ahead of it: admission judges it when it is tried
+        prefill_pool, _ = self.scheduler.pools()
+        return doomed(
+            self.scheduler,
+            [(h.request, h.prefill_s) for h in ahead],
+            (held.request, held.prefill_s, held.deadline_s - held.arrival_s),
+            self._free_list(prefill_pool),
+            now_s,
+        )
 
     def withdraw(self, request_id: RequestId) -> bool:
         """Take a held request out of the queue without a decision (its client went away);
@@ -197,6 +202,19 @@ class HoldQueue:
         whose compute outruns its NIC is not free); None without prefill instances."""
         free = self._free_times()
         return None if free is None else free[0]
+
+    def _free_list(self, prefill_pool: list[InstanceState]) -> list[float]:
+        """When each prefill instance is predicted free (see :meth:`free_at_s`)."""
+        offsets = self._claim_offsets(prefill_pool)
+        nic = self.scheduler.nic if self.rule.nic_aware else None
+        out = []
+        for inst in prefill_pool:
+            iid = inst.spec.instance_id
+            t = inst.prefill.busy_until_s
+            if nic is not None:
+                t = max(t, nic.out_free_s.get(iid, 0.0), nic.planned_out_s.get(iid, 0.0))
+            out.append(t + offsets[iid] if offsets is not None else t)
+        return out
 
     def _free_times(self) -> tuple[float, float] | None:
         """When the first and the second prefill instance are predicted free (see

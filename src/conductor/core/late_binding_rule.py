@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the scheduler imports the policies, which name this module
+    from conductor.core.scheduler import Scheduler
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +23,11 @@ class LateBinding:
     """How the queue orders what it holds: by ``prefill_s + age_weight * deadline_s`` (a
     request's prefill time with the longest cached prefix at arrival, and its deadline);
     ``inf``: deadline order."""
+    reject_ahead: bool = False
+    """With an order by key and an admission mode other than ``off``: reject a request at
+    arrival when its TTFT, predicted with the requests held ahead of it list-scheduled on
+    the prefill instances first, already misses its SLO (it would wait out its budget and
+    be rejected then)."""
 
     def __post_init__(self) -> None:
         if not self.horizon_s >= 0.0:
@@ -45,3 +54,24 @@ def claim_lag_s(sync_delay_s: float) -> float:
     covers its jitter), and at least :data:`CLAIM_LAG_FLOOR_S`. Chosen on generated
     workloads (docs/cluster.md), not on the trace the herding results are reported on."""
     return max(2.0 * sync_delay_s, CLAIM_LAG_FLOOR_S)
+
+
+def late_binding_of(scheduler: Scheduler) -> LateBinding | None:
+    """The scheduler's policy's late-binding rule, unless the run switches it off
+    (``policy_params["late_binding"] == 0``); ``policy_params["late_binding_<field>"]``
+    overrides each of its fields (``horizon_s``, ``decode_aware``, ``tbt_margin``,
+    ``nic_aware``, ``age_weight``, ``reject_ahead``)."""
+    rule = getattr(scheduler.policy, "late_binding", None)
+    if not isinstance(rule, LateBinding):
+        return None
+    params = scheduler.config.policy_params
+    if params.get("late_binding", 1.0) == 0.0:
+        return None
+    return LateBinding(
+        params.get("late_binding_horizon_s", rule.horizon_s),
+        bool(params.get("late_binding_decode_aware", float(rule.decode_aware))),
+        params.get("late_binding_tbt_margin", rule.tbt_margin),
+        bool(params.get("late_binding_nic_aware", float(rule.nic_aware))),
+        params.get("late_binding_age_weight", rule.age_weight),
+        bool(params.get("late_binding_reject_ahead", float(rule.reject_ahead))),
+    )

@@ -29,9 +29,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from conductor.core.types import Request, RequestId
+
+if TYPE_CHECKING:
+    from conductor.core.config import SchedulerConfig
 
 BUCKETS_PER_DOUBLING = 4
 MAX_LOG2_TOKENS = 21
@@ -224,3 +227,13 @@ def output_cap(request: Request, context_tokens: int) -> int:
     room = context_tokens - request.prompt_tokens
     cap = room if request.max_tokens is None else min(request.max_tokens, room)
     return cap if cap > 1 else 1
+
+
+def length_model(config: SchedulerConfig) -> LengthHistogram:
+    """The output-length predictor ``config`` describes (its prior, window and quantile)."""
+    return LengthHistogram(
+        prior_tokens=config.output_prior_tokens,
+        prior_weight=config.output_prior_weight,
+        max_weight=config.output_window,
+        high_quantile=config.output_high_quantile,
+    )

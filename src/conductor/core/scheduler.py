@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -31,7 +31,7 @@ from conductor.core.forecast import DecodeForecast
 from conductor.core.hotspot import HotspotTracker
 from conductor.core.inflight import InFlight
 from conductor.core.nic import NicBook
-from conductor.core.output_length import LengthHistogram, OutputLengthModel, output_cap
+from conductor.core.output_length import OutputLengthModel, length_model, output_cap
 from conductor.core.plan import Decision, Fetch, Migration, Plan, Rejection
 from conductor.core.policies import (
     DecodeChoice,
@@ -44,7 +44,7 @@ from conductor.core.policies.decode import LeastTbtDecode
 from conductor.core.policies.registry import DEFAULT_POLICY
 from conductor.core.prefix_index import PrefixIndex
 from conductor.core.state import InstanceSpec, InstanceState
-from conductor.core.types import InstanceId, Request, RequestId, Role
+from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,16 +55,6 @@ class Prepared:
     pre: PrefillChoice
     dec: DecodeChoice
     cpp: PipelinePlan | None
-
-
-def length_model(config: SchedulerConfig) -> LengthHistogram:
-    """The output-length predictor ``config`` describes (its prior, window and quantile)."""
-    return LengthHistogram(
-        prior_tokens=config.output_prior_tokens,
-        prior_weight=config.output_prior_weight,
-        max_weight=config.output_window,
-        high_quantile=config.output_high_quantile,
-    )
 
 
 class Scheduler:
@@ -201,6 +191,10 @@ class Scheduler:
                 self._state(inst).decode.progress(rid, generated, int(expected))
             case _:
                 raise InvalidInput("event", event, "not a conductor event")
+
+    def prefilling_requests(self) -> Iterator[Sequence[BlockHash]]:
+        """The prompts (block hashes) of the placed requests whose prefill has not ended."""
+        return (f.request.block_hashes for f in self._inflight.values() if not f.prefill_done)
 
     def on_events(self, events: Iterable[Event]) -> None:
         for e in events:

@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from conductor.core.late_binding import HoldQueue, late_binding_of
-from conductor.core.late_binding_rule import LateBinding
+from conductor.core.late_binding import HoldQueue
+from conductor.core.late_binding_rule import LateBinding, late_binding_of
 from conductor.core.plan import Decision, Plan, Rejection
 from conductor.core.scheduler import Scheduler
 from conductor.core.types import Request, RequestId

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 from conductor.core.events import BlocksRemoved, BlocksStored, Event, PrefillFinished
-from conductor.core.late_binding import HoldQueue, late_binding_of
-from conductor.core.late_binding_rule import claim_lag_s
+from conductor.core.late_binding import HoldQueue
+from conductor.core.late_binding_rule import claim_lag_s, late_binding_of
 from conductor.core.plan import Decision, Plan, Rejection
 from conductor.core.scheduler import Scheduler
 from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role, Tier

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from conductor.core.errors import InvalidInput
-from conductor.core.output_length import OracleLengths
-from conductor.core.scheduler import Scheduler, length_model
+from conductor.core.output_length import OracleLengths, length_model
+from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceSpec
 from conductor.core.types import BlockHash, InstanceId, Request, Role
 from conductor.sim.cache import LruBlockCache

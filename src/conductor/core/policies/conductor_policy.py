@@ -44,7 +44,7 @@ class ConductorPolicy:
     name: ClassVar[str] = "conductor"
     config_defaults: ClassVar[dict[str, object]] = {"admission": "early", "cpp_enabled": True}
     late_binding: ClassVar[LateBinding] = LateBinding(
-        horizon_s=0.0, tbt_margin=0.1, age_weight=HOLD_AGE_WEIGHT
+        horizon_s=0.0, tbt_margin=0.1, age_weight=HOLD_AGE_WEIGHT, reject_ahead=True
     )
 
     def choose_prefill(self, ctx: SchedulingContext) -> PrefillChoice:
