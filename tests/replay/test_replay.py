@@ -121,14 +121,18 @@ def test_limit_and_max_tokens(emu: EmulatorThread, tmp_path: Path) -> None:
         assert metric(client, "vllm:generation_tokens_total") == 2 * 2
 
 
-def test_ctrl_c_writes_what_finished(emu: EmulatorThread, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_writes_what_finished(
+    emu: EmulatorThread, tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
     # two requests now, the third in 1000 s: interrupted while waiting for it
     records = [*RECORDS[:2], (1_000_000, 1024, 40, (7, 8))]
     trace = _trace(tmp_path / "t.jsonl", records)
     out = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "conductor.cli.main", "replay", "--trace", str(trace)]
-    cmd += ["--url", emu.base_url, *SCALE, "--json", str(out)]
-    # PYTHONFAULTHANDLER: should it ever hang after SIGINT, SIGABRT makes it print where
+    # started as a non-interactive shell starts a background job: SIGINT ignored on entry
+    cmd = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", sys.executable, "-m", "conductor.cli.main"]
+    cmd += ["replay", "--trace", str(trace), "--url", emu.base_url, *SCALE, "--json", str(out)]
+    # PYTHONFAULTHANDLER: should it ever hang after the signal, SIGABRT makes it print where
     env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:
@@ -137,19 +141,19 @@ def test_ctrl_c_writes_what_finished(emu: EmulatorThread, tmp_path: Path) -> Non
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the first two requests did not finish"
             time.sleep(0.1)
-        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, sig)
         try:
             _, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGABRT)
             _, err = proc.communicate(timeout=30)
-            pytest.fail(f"replay still running 60 s after SIGINT; its stacks:\n{err.decode()}")
+            pytest.fail(f"replay still running 60 s after {sig.name}; its stacks:\n{err.decode()}")
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 130, err
-    assert b"interrupted: 2 of 3 requests finished" in err
+    assert proc.returncode == code, err
+    assert f"interrupted ({sig.name}): 2 of 3 requests finished".encode() in err
     got = json.loads(out.read_text())
     assert (got["requests"], got["completed"]) == (2, 2)
 

@@ -5,12 +5,15 @@ The replay's outcomes become the simulator's :class:`~conductor.sim.records.Requ
 (TTFT = first streamed token minus the due time; TBT = FAST's mean of the longest 10% of the
 token intervals, :func:`~conductor.sim.records.tail_mean_tbt`) and go through the same
 :func:`~conductor.sim.records.summarize`, so ``--json`` has ``simulate --json``'s schema and
-the two can be compared field by field. Ctrl-C stops sending and writes what finished.
+the two can be compared field by field. Ctrl-C (or SIGTERM) stops sending and writes what
+finished.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -158,8 +161,41 @@ def _pool(model_path: Path | None) -> tuple[int, ...] | None:
     return word_pool(lambda t: tok.encode(t, add_special_tokens=False), WORDS)
 
 
-def _run(replayer: Replayer, total: int) -> bool:
-    """Run the replay with a progress bar on a terminal; True if it was interrupted."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""Signals that stop a replay and still write what finished (even where the shell that started
+it left SIGINT ignored, as non-interactive shells do for background jobs)."""
+
+
+async def _until_stopped(replayer: Replayer) -> signal.Signals | None:
+    """Runs the replay; returns the signal that stopped it early, or None."""
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    assert main is not None
+    stopped: list[signal.Signals] = []
+
+    def stop(sig: signal.Signals) -> None:
+        stopped.append(sig)
+        main.cancel()
+
+    installed: list[signal.Signals] = []
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop, sig)
+            installed.append(sig)
+    try:
+        await replayer.run()
+    except asyncio.CancelledError:
+        if not stopped:
+            raise
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+    return stopped[0] if stopped else None
+
+
+def _run(replayer: Replayer, total: int) -> signal.Signals | None:
+    """Runs the replay with a progress bar on a terminal; returns the signal that stopped it
+    early (SIGINT, SIGTERM), or None."""
     try:
         if sys.stderr.isatty():
             from rich.progress import Progress
@@ -167,12 +203,10 @@ def _run(replayer: Replayer, total: int) -> bool:
             with Progress(transient=True) as bar:
                 task = bar.add_task("replaying", total=total)
                 replayer.on_done = lambda o: bar.update(task, advance=1)
-                asyncio.run(replayer.run())
-        else:
-            asyncio.run(replayer.run())
-    except KeyboardInterrupt:
-        return True
-    return False
+                return asyncio.run(_until_stopped(replayer))
+        return asyncio.run(_until_stopped(replayer))
+    except KeyboardInterrupt:  # a signal handler could not be installed: Python's own
+        return signal.SIGINT
 
 
 def _int(name: str) -> int:
@@ -273,11 +307,15 @@ def register(app: typer.Typer) -> None:
             else Replayer(cfg, served, requests, outputs, pool=pool)
         )
         start = time.perf_counter()
-        interrupted = _run(replayer, len(requests))
+        stopped_by = _run(replayer, len(requests))
         wall = time.perf_counter() - start
         done = list(replayer.outcomes)
-        if interrupted:
-            typer.echo(f"interrupted: {len(done)} of {len(requests)} requests finished", err=True)
+        if stopped_by is not None:
+            typer.echo(
+                f"interrupted ({stopped_by.name}): {len(done)} of {len(requests)} "
+                "requests finished",
+                err=True,
+            )
         span = requests[-1].arrival_s - requests[0].arrival_s if requests else 0.0
         result = summary(
             done,
@@ -298,5 +336,5 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"results written to {json_path}")
         if requests_json is not None:
             write_json(requests_json, per_request(done))
-        if interrupted:
-            raise typer.Exit(130)
+        if stopped_by is not None:
+            raise typer.Exit(128 + stopped_by.value)
