@@ -54,11 +54,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from conductor.core.hold_decode import give_up_s
 from conductor.core.hold_reject import doomed
 from conductor.core.late_binding_rule import LateBinding
-from conductor.core.output_length import output_cap
 from conductor.core.plan import Decision, Rejection
-from conductor.core.policies.decode import has_room, tbt_factor
 from conductor.core.types import InstanceId, Request, RequestId
 
 if TYPE_CHECKING:  # the scheduler's policies import this module
@@ -362,28 +361,10 @@ class HoldQueue:
         return first
 
     def _decode_fits(self, prepared: Prepared, now_s: float, budget_s: float) -> bool:
-        pre, dec = prepared.pre, prepared.dec
-        if budget_s <= pre.ttft_s + self.rule.horizon_s:
-            return True  # out of time: release it, admission decides
-        ctx = prepared.ctx
-        req = ctx.request
-        sched = self.scheduler
-        slo = req.tbt_slo_s or sched.config.tbt_slo_s
-        # the pool's load for a request without max_tokens: a short max_tokens makes the
-        # request's own TBT mostly its first interval (tbt_factor up to 1.5), which waiting
-        # does not shorten; held for it, the head would block every request behind it (with
-        # the decode engine's first token there is no such interval: TBT is the step)
-        tbt = dec.tbt_s
-        if req.max_tokens is not None and sched.config.first_token == "prefill":
-            free = replace(req, max_tokens=None)
-            typical = sched.lengths.estimate(free, output_cap(free, sched.config.context_tokens))
-            tbt *= tbt_factor(typical.mean) / tbt_factor(ctx.output.mean)
-        inst = sched.instances.get(dec.instance)
-        room = inst is not None and has_room(ctx, inst)
-        if room and tbt <= slo * (1.0 - self.rule.tbt_margin):
-            return True
-        self._give_up_s = now_s + budget_s - pre.ttft_s - self.rule.horizon_s
-        return False
+        give_up = give_up_s(self.scheduler, self.rule, prepared, now_s, budget_s)
+        if give_up is not None:
+            self._give_up_s = give_up
+        return give_up is None
 
     def wakeup_s(self, now_s: float) -> float | None:
         """When the head may be released without any event: the earliest time a prefill
