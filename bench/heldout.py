@@ -12,7 +12,9 @@ and ``VARIANT`` changes one setting the parameters were not chosen at:
 * ``base``: ``conductor compare``'s defaults (8P+8D, TTFT SLO 30 s, TBT SLO 100 ms);
 * ``tbt60``: TBT SLO 60 ms;
 * ``ttft10``: TTFT SLO 10 s;
-* ``4p4d`` / ``8p4d``: 4 prefill + 4 decode / 8 prefill + 4 decode instances;
+* ``4p4d`` / ``8p4d`` / ``4p8d``: 4 prefill + 4 decode / 8 prefill + 4 decode / 4 prefill
+  + 8 decode instances;
+* ``h100``: the cost model of H100 nodes (``llama3-70b-h100x8``) instead of A800 ones;
 * ``off``: no admission for anybody (placement alone);
 * ``costerr``: engines off the cost model (``--cost-error 0.3 --cost-bias 0.3``: every
   request's prefill and decode 30% slower than the model on average, times a lognormal
@@ -51,6 +53,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "8p4d": {"decode": 4},
     "off": {"admission": "off"},
     "costerr": {"cost_error": 0.3, "cost_bias": 0.3},
+    "4p8d": {"prefill": 4},
+    "h100": {"preset_name": "llama3-70b-h100x8"},
 }
 """Each variant's change to ``hold_order.OPTIONS`` (``conductor compare``'s defaults)."""
 
