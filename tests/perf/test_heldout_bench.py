@@ -40,7 +40,17 @@ def test_cases_parse_and_bad_ones_are_named() -> None:
     ):
         with pytest.raises(ValueError, match=named):
             m.parse_cases(text)
-    assert set(m.VARIANTS) == {"base", "tbt60", "ttft10", "4p4d", "8p4d", "off", "costerr"}
+    assert set(m.VARIANTS) == {
+        "base",
+        "tbt60",
+        "ttft10",
+        "4p4d",
+        "8p4d",
+        "off",
+        "costerr",
+        "4p8d",
+        "h100",
+    }
     for case in m.parse_cases(m.DEFAULT_CASES):
         assert case.variant in m.VARIANTS
 
