@@ -12,7 +12,6 @@ finished.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import sys
 import time
@@ -40,6 +39,7 @@ from conductor.replay.config import ReplayConfig
 from conductor.replay.runner import Outcome, Replayer
 from conductor.sim.records import RequestRecord, summarize, tail_mean_tbt
 from conductor.sim.report import write_json
+from conductor.web.signals import on_stop_signals
 
 FLAGS = {
     "url": "--url",
@@ -161,14 +161,9 @@ def _pool(model_path: Path | None) -> tuple[int, ...] | None:
     return word_pool(lambda t: tok.encode(t, add_special_tokens=False), WORDS)
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-"""Signals that stop a replay and still write what finished (even where the shell that started
-it left SIGINT ignored, as non-interactive shells do for background jobs)."""
-
-
 async def _until_stopped(replayer: Replayer) -> signal.Signals | None:
-    """Runs the replay; returns the signal that stopped it early, or None."""
-    loop = asyncio.get_running_loop()
+    """Runs the replay; returns the signal that stopped it early (SIGINT, SIGTERM: handled
+    even where the shell that started it left SIGINT ignored), or None."""
     main = asyncio.current_task()
     assert main is not None
     stopped: list[signal.Signals] = []
@@ -177,19 +172,12 @@ async def _until_stopped(replayer: Replayer) -> signal.Signals | None:
         stopped.append(sig)
         main.cancel()
 
-    installed: list[signal.Signals] = []
-    for sig in STOP_SIGNALS:
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, stop, sig)
-            installed.append(sig)
-    try:
-        await replayer.run()
-    except asyncio.CancelledError:
-        if not stopped:
-            raise
-    finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+    with on_stop_signals(stop):
+        try:
+            await replayer.run()
+        except asyncio.CancelledError:
+            if not stopped:
+                raise
     return stopped[0] if stopped else None
 
 

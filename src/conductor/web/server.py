@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import socket
 import time
 from collections import Counter
@@ -46,6 +45,7 @@ from conductor.web.limits import ServerLimits
 from conductor.web.messages import AnyResponse, Request
 from conductor.web.responding import DateHeader
 from conductor.web.router import ErrorFactory, plain_error
+from conductor.web.signals import on_stop_signals
 
 App = Callable[[Request], Awaitable[AnyResponse]]
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -146,13 +146,7 @@ async def serve_until_stopped(
     SIGINT/SIGTERM arrives, then shuts down gracefully. ``sock``: an already bound socket
     (e.g. one of several ``SO_REUSEPORT`` workers) instead of ``host``/``port``."""
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    installed: list[signal.Signals] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-    try:
+    with on_stop_signals(lambda _sig: stop.set()):
         async with contextlib.AsyncExitStack() as stack:
             if lifespan is not None:
                 await stack.enter_async_context(lifespan)
@@ -163,9 +157,6 @@ async def serve_until_stopped(
                 await stop.wait()
             finally:
                 await server.shutdown(grace_s)
-    finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
 
 
 def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
