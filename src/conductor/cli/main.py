@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from conductor.cli import demo_cmd, emulate_cmd, profile_cmd, replay_cmd, serve_cmd, sim_cmd
+from conductor.cli import (
+    compile_cmd,
+    demo_cmd,
+    emulate_cmd,
+    profile_cmd,
+    replay_cmd,
+    serve_cmd,
+    sim_cmd,
+)
 from conductor.cli.bench_cmd import bench_app
 from conductor.cli.trace_cmd import trace_app
 
@@ -25,6 +33,7 @@ serve_cmd.register(app)
 demo_cmd.register(app)
 profile_cmd.register(app)
 replay_cmd.register(app)
+compile_cmd.register(app)
 
 
 def main() -> None:

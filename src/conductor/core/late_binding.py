@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from conductor.core.hold_decode import give_up_s
@@ -329,9 +329,7 @@ class HoldQueue:
             return _GONE
         # CPP only when nobody else waits: with requests held the cluster is busy, and
         # its instances look idle only because the queue is here (CPP's helpers must be)
-        prepared = sched.prepare(
-            replace(held.request, ttft_slo_s=budget), now_s, cpp=self._live == 1
-        )
+        prepared = sched.prepare(held.request.with_ttft_slo(budget), now_s, cpp=self._live == 1)
         if isinstance(prepared, Rejection):
             self._remove(held)
             out.append(prepared)

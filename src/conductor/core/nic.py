@@ -47,8 +47,6 @@ class NicBook:
 
     out_free_s: dict[InstanceId, float] = field(default_factory=dict)
     in_free_s: dict[InstanceId, float] = field(default_factory=dict)
-    _bw: dict[InstanceId, float | None] = field(default_factory=dict)
-    _pool: object = None  # the prefill pool ``_bw`` was read from (rebuilt when it changes)
     pending: list[tuple[float, int, InstanceId, InstanceId, float, float]] = field(
         default_factory=list
     )
