@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
-import msgspec
 import pytest
 
 import conductor
@@ -177,7 +176,7 @@ def fake_pkg(tmp_path: Path) -> Iterator[Path]:
 
 def _manifest(pkg: Path, digest: str) -> None:
     m = native.Manifest("x", "3", {"fakepkg.core.mod": digest}, ["fakepkg/core/mod.so"])
-    (pkg / native.MANIFEST).write_bytes(msgspec.json.encode(m))
+    (pkg / native.MANIFEST).write_text(m.to_json())
 
 
 def test_guard_without_a_manifest_does_nothing(fake_pkg: Path) -> None:
@@ -235,3 +234,13 @@ def test_compile_without_mypy_says_what_to_install(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(native_build.metadata, "version", missing)
     with pytest.raises(native_build.BuildError, match=r"needs mypy .* pip install mypy"):
         native_build.build(SRC)
+
+
+def test_import_conductor_needs_only_the_standard_library() -> None:
+    """Tools run in other environments (the vLLM one) import ``conductor.*`` modules from
+    the source tree: the package's ``__init__`` and the guard must import nothing else."""
+    code = f"import sys; sys.path.insert(0, {str(SRC.parent)!r}); import conductor; print('ok')"
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=False
+    )
+    assert (out.returncode, out.stdout) == (0, "ok\n"), out.stderr

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import copyreg
 import dataclasses
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -24,9 +26,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-
-import msgspec
-import xxhash
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 MANIFEST = "native.json"
@@ -55,14 +54,27 @@ SKIPPED = frozenset(
 log = logging.getLogger("conductor")
 
 
-class Manifest(msgspec.Struct, frozen=True):
+@dataclasses.dataclass(frozen=True)
+class Manifest:
     """What one ``conductor compile`` built: each module's source hash, and the files it
-    installed (relative to the directory holding the package)."""
+    installed (relative to the directory holding the package). Standard library only: the
+    package is imported by tools that run without its dependencies."""
 
     mypyc: str
     python: str
     sources: dict[str, str]
     files: list[str]
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        raw = json.loads(text)
+        m = cls(str(raw["mypyc"]), str(raw["python"]), dict(raw["sources"]), list(raw["files"]))
+        if not all(isinstance(v, str) for v in (*m.sources, *m.sources.values(), *m.files)):
+            raise ValueError("sources and files must be strings")
+        return m
 
 
 def compiled_sources(package_dir: Path = PACKAGE_DIR) -> list[Path]:
@@ -82,14 +94,14 @@ def module_name(source: Path, package_dir: Path = PACKAGE_DIR) -> str:
 
 
 def source_hash(source: Path) -> str:
-    return xxhash.xxh64_hexdigest(source.read_bytes())
+    return hashlib.sha256(source.read_bytes()).hexdigest()
 
 
 def read_manifest(package_dir: Path = PACKAGE_DIR) -> Manifest | None:
     path = package_dir / MANIFEST
     if not path.is_file():
         return None
-    return msgspec.json.decode(path.read_bytes(), type=Manifest)
+    return Manifest.from_json(path.read_text())
 
 
 def stale_modules(manifest: Manifest, package_dir: Path = PACKAGE_DIR) -> list[str]:
@@ -194,7 +206,7 @@ def guard(package_dir: Path = PACKAGE_DIR) -> str:
     ``"pure"`` (no build), ``"compiled"``, ``"stale"`` or ``"forced-pure"``."""
     try:
         manifest = read_manifest(package_dir)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         log.warning(
             "conductor: running every module from source (unreadable %s: %s)", MANIFEST, exc
         )

@@ -16,8 +16,6 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-import msgspec
-
 from conductor.native import (
     MANIFEST,
     PACKAGE_DIR,
@@ -101,5 +99,5 @@ def build(package_dir: Path = PACKAGE_DIR, opt_level: int = 3) -> Manifest:
         sources=digests,
         files=built,
     )
-    (package_dir / MANIFEST).write_bytes(msgspec.json.format(msgspec.json.encode(manifest)))
+    (package_dir / MANIFEST).write_text(manifest.to_json())
     return manifest
