@@ -136,8 +136,14 @@ def test_a_stale_build_runs_the_sources_and_remove_deletes_it(built: Path) -> No
     assert {f.endswith(".so") for f in manifest.files} == {True}
     assert "conductor.sim.engine" in manifest.sources
     assert "conductor.core.errors" not in manifest.sources
+    status = _run(built, ["compile", "--status"], pure=False)
+    assert status.stdout.endswith(": current; this process runs compiled\n"), status.stdout
     engine = built / "conductor/sim/engine.py"
     engine.write_text(engine.read_text() + "\n# edited\n")
+    status = _run(built, ["compile", "--status"], pure=False)
+    assert ": stale: 1 changed since (conductor.sim.engine); this process runs stale" in (
+        status.stdout
+    )
     env = dict(os.environ, PYTHONPATH=str(built), **{native.PURE_ENV: "0"})
     code = "import conductor, conductor.sim.engine as e; print(conductor.NATIVE_MODE, e.__file__)"
     out = subprocess.run(
@@ -150,6 +156,8 @@ def test_a_stale_build_runs_the_sources_and_remove_deletes_it(built: Path) -> No
     assert not list(built.rglob("*.so"))
     assert not (built / "conductor" / native.MANIFEST).exists()
     assert _mode(built, pure=False) == ("pure", str(built / "conductor/core/scheduler.py"))
+    status = _run(built, ["compile", "--status"], pure=False)
+    assert status.stdout == "no compiled build; running the sources (pure)\n"
 
 
 # -- the guard, without a compiler ------------------------------------------------------------
@@ -179,10 +187,25 @@ def _manifest(pkg: Path, digest: str) -> None:
     (pkg / native.MANIFEST).write_text(m.to_json())
 
 
-def test_guard_without_a_manifest_does_nothing(fake_pkg: Path) -> None:
+def test_guard_without_a_manifest_or_extensions_does_nothing(fake_pkg: Path) -> None:
+    for ext in (fake_pkg / "core").glob("mod.*"):
+        if ext.suffix != ".py":
+            ext.unlink()
     meta = list(sys.meta_path)
     assert native.guard(fake_pkg) == "pure"
     assert sys.meta_path == meta
+
+
+def test_guard_with_extensions_but_no_manifest_imports_the_sources(
+    fake_pkg: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="conductor"):
+        assert native.guard(fake_pkg) == "stale"
+    assert "extension modules without a native.json (fakepkg.core.mod)" in caplog.text
+    assert importlib.import_module("fakepkg.core.mod").WHERE == "source"
+    ext = importlib.machinery.EXTENSION_SUFFIXES[0]
+    assert native_build.remove(fake_pkg) == [f"fakepkg/core/mod{ext}"]
+    assert sorted(p.name for p in (fake_pkg / "core").iterdir()) == ["__init__.py", "mod.py"]
 
 
 def test_guard_with_a_current_manifest_keeps_the_build(

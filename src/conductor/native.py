@@ -104,6 +104,32 @@ def read_manifest(package_dir: Path = PACKAGE_DIR) -> Manifest | None:
     return Manifest.from_json(path.read_text())
 
 
+def extension_files(package_dir: Path = PACKAGE_DIR) -> list[Path]:
+    """The extension modules beside a source in the compiled directories (a build's, or
+    one left by a build whose manifest is gone)."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    out = []
+    for pattern in COMPILED_GLOBS:
+        folder = package_dir / pattern.rpartition("/")[0]
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            stem = entry.name.split(".", 1)[0]
+            if entry.name.endswith(suffixes) and (folder / f"{stem}.py").is_file():
+                out.append(folder / entry.name)
+    return sorted(out)
+
+
+def _extensions(package_dir: Path) -> list[str]:
+    """The modules :func:`extension_files` names."""
+    return sorted(
+        module_name(f.with_name(f.name.split(".", 1)[0] + ".py"), package_dir)
+        for f in extension_files(package_dir)
+    )
+
+
 def stale_modules(manifest: Manifest, package_dir: Path = PACKAGE_DIR) -> list[str]:
     """The compiled modules whose source is not the one compiled (or is gone)."""
     out = []
@@ -214,7 +240,17 @@ def guard(package_dir: Path = PACKAGE_DIR) -> str:
         sys.meta_path.insert(0, SourceFirst(names))
         return "stale"
     if manifest is None:
-        return "pure"
+        orphans = _extensions(package_dir)
+        if not orphans:
+            return "pure"
+        sys.meta_path.insert(0, SourceFirst(frozenset(orphans)))
+        log.warning(
+            "conductor: extension modules without a %s (%s); running their sources "
+            "(`conductor compile` rebuilds)",
+            MANIFEST,
+            ", ".join(orphans[:3]) + (f" and {len(orphans) - 3} more" if len(orphans) > 3 else ""),
+        )
+        return "stale"
     names = frozenset(manifest.sources)
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         sys.meta_path.insert(0, SourceFirst(names))

@@ -21,6 +21,7 @@ from conductor.native import (
     PACKAGE_DIR,
     Manifest,
     compiled_sources,
+    extension_files,
     module_name,
     read_manifest,
     source_hash,
@@ -41,10 +42,14 @@ def mypyc_version() -> str:
 
 
 def remove(package_dir: Path = PACKAGE_DIR) -> list[str]:
-    """Delete the build the manifest lists (and the manifest); returns the files removed."""
+    """Delete the build the manifest lists (and the manifest), or without a manifest the
+    extension modules beside the compiled sources; returns the files removed."""
     manifest = read_manifest(package_dir)
-    if manifest is None:
-        return []
+    if manifest is None:  # extensions a build left without its manifest, if any
+        orphans = extension_files(package_dir)
+        for path in orphans:
+            path.unlink()
+        return [p.relative_to(package_dir.parent).as_posix() for p in orphans]
     removed = []
     for rel in manifest.files:
         path = package_dir.parent / rel

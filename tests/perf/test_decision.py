@@ -46,6 +46,7 @@ def test_small_run_structure_and_counts(rows) -> None:  # type: ignore[no-untype
     json.dumps(d)  # serialisable
     assert (d["prefill"], d["decode"], d["policy"], d["requests"]) == (4, 4, DEFAULT_POLICY, 200)
     assert d["warmup_requests"] == 20
+    assert d["build"] in ("pure", "forced-pure")  # the suite runs the sources (conftest)
     assert r.plans + r.rejections == 200 and r.rejections == 0  # admission is off
     assert 0 <= r.fetches <= r.plans
 

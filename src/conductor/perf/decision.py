@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
+import conductor
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, preset
 from conductor.core.events import BlocksStored, PrefillFinished, RequestFinished
@@ -101,6 +102,9 @@ class DecisionBenchResult:
     by_blocks: tuple[BucketStats, ...] = field(default=())
     repeats: int = 1
     p99_us_runs: tuple[float, ...] = field(default=())
+    build: str = field(default_factory=lambda: conductor.NATIVE_MODE)
+    """Which build ran: ``conductor.NATIVE_MODE`` (``compiled``: the ``conductor compile``
+    build; otherwise the sources)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -123,6 +127,7 @@ class DecisionBenchResult:
             "preset": self.preset,
             "seed": self.seed,
             "repeats": self.repeats,
+            "build": self.build,
             "p99_us_runs": list(self.p99_us_runs or (self.p99_us,)),
             "by_blocks": [
                 {
@@ -355,7 +360,7 @@ def format_result(r: DecisionBenchResult) -> str:
         runs = f"\nrun with the median p99 of {r.repeats} (p99 us: {p99s})"
     lines = [
         f"decision benchmark: {r.prefill} prefill + {r.decode} decode, policy {r.policy}, "
-        f"preset {r.preset}, seed {r.seed}{runs}",
+        f"preset {r.preset}, seed {r.seed}, build {r.build}{runs}",
         f"ingest: {r.ingest_events} events, {r.ingest_block_events} block events in "
         f"{r.ingest_s * 1e3:.1f} ms = {r.ingest_block_events_per_s:,.0f} block events/s",
         f"schedule(): {r.requests} requests after {r.warmup_requests} untimed ({r.plans} plans, "
