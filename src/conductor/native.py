@@ -5,9 +5,11 @@ with mypyc into C extensions beside their sources (the simulator runs about 1.5x
 a decision about as much) and writes a manifest of the sources it compiled. Python prefers
 an extension to a ``.py`` of the same name, so an extension older than its source would
 run stale code: at ``import conductor`` :func:`guard` hashes the compiled modules'
-sources, and when one differs from the manifest (or ``CONDUCTOR_PURE=1`` is set) every
-compiled module is imported from its source instead, with a warning naming the module.
-Without a manifest (the default install) it does nothing but one ``stat``.
+sources, and when one differs from the manifest (or ``CONDUCTOR_PURE=1`` is set, or
+extensions lie there without a manifest) every compiled module is imported from its source
+instead, with a warning naming the module. Without a build (the default install) it only
+lists the three compiled directories. The frozen dataclasses of a build are registered for
+pickling as they load (:func:`register_frozen`).
 """
 
 from __future__ import annotations
