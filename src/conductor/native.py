@@ -229,6 +229,12 @@ class CompiledFirst(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _some(names: list[str]) -> str:
+    """The first three ``names`` for a warning, and how many more."""
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more
+
+
 def guard(package_dir: Path = PACKAGE_DIR) -> str:
     """Decide, at ``import conductor``, whether the compiled modules are used; returns
     ``"pure"`` (no build), ``"compiled"``, ``"stale"`` or ``"forced-pure"``."""
@@ -250,7 +256,7 @@ def guard(package_dir: Path = PACKAGE_DIR) -> str:
             "conductor: extension modules without a %s (%s); running their sources "
             "(`conductor compile` rebuilds)",
             MANIFEST,
-            ", ".join(orphans[:3]) + (f" and {len(orphans) - 3} more" if len(orphans) > 3 else ""),
+            _some(orphans),
         )
         return "stale"
     names = frozenset(manifest.sources)
@@ -262,17 +268,9 @@ def guard(package_dir: Path = PACKAGE_DIR) -> str:
         sys.meta_path.insert(0, CompiledFirst(names))
         return "compiled"
     sys.meta_path.insert(0, SourceFirst(names))
-    shown = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
     log.warning(
         "conductor: the compiled build is older than its sources (%s changed); running "
         "every module from source (`conductor compile` rebuilds, `--remove` deletes it)",
-        shown,
+        _some(stale),
     )
     return "stale"
-
-
-def running_compiled() -> bool:
-    """True when the scheduler runs compiled (for reports and benchmarks)."""
-    import conductor.core.scheduler as scheduler
-
-    return not (scheduler.__file__ or "").endswith(".py")
