@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+import conductor
+from conductor import native
 from conductor.core.config import SchedulerConfig
 from conductor.core.policies import DEFAULT_POLICY
 from conductor.sim import SimConfig, simulate
@@ -37,8 +39,6 @@ def run(policy: str, n: int, limit: int | None) -> dict[str, object]:
     t0 = time.perf_counter()
     res = simulate(requests, cfg, outputs=generated_tokens(records))
     wall = time.perf_counter() - t0
-    import conductor
-
     return {
         "build": conductor.NATIVE_MODE,
         "policy": policy,
@@ -55,23 +55,31 @@ def child(policy: str, sizes: list[int], limits: list[int]) -> list[dict[str, ob
     return rows + [run(policy, 8, k) for k in limits]
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
+def _ints(ap: argparse.ArgumentParser, flag: str, text: str) -> list[int]:
+    """Comma-separated positive integers (none: an empty list), or a usage error naming
+    ``flag`` and the value."""
+    try:
+        out = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        out = [0]
+    if any(n < 1 for n in out):
+        ap.error(f"{flag}: {text!r} is not a comma-separated list of positive integers")
+    return out
 
 
 def main() -> None:
-    from conductor import native
-
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--policy", default=DEFAULT_POLICY)
     ap.add_argument("--sizes", default="4,8,16,32", help="instances on each side, full trace")
     ap.add_argument("--limits", default="3000,6000", help="first N requests, at 8 + 8")
     ap.add_argument("--builds", default=None, help="pure,compiled (default: what exists)")
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds (>= 1)")
     ap.add_argument("--json", dest="json_path")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    sizes, limits = _ints(args.sizes), _ints(args.limits)
+    sizes, limits = _ints(ap, "--sizes", args.sizes), _ints(ap, "--limits", args.limits)
+    if args.rounds < 1:
+        ap.error(f"--rounds: {args.rounds} is not >= 1")
     if args.child:
         print(json.dumps(child(args.policy, sizes, limits)))
         return
