@@ -6,7 +6,10 @@
    scaled to the tiny model (``bench/fidelity_parts.py scale_records``: prompts x 1/16, so
    a 512-token trace block is one 32-token vLLM block, outputs x 0.1 capped at 64, prompt
    plus output within max_model_len 2048), written as a trace file that the replay and the
-   simulator both read with 32-token blocks.
+   simulator both read with 32-token blocks. Requests that share a timestamp (the trace's
+   3-second stamps) are moved ``--tie-gap-ms`` (10) trace ms apart in file order, so that
+   the replay and the simulator agree on the order they arrive in (``conductor trace
+   spread``; 0 keeps the ties).
 2. Two real vLLM CPU engines (role both, prefix caching, KV events, chunked prefill with
    ``--max-num-batched-tokens``, ``--max-num-seqs``), each engine's OpenMP thread bound to
    its own core (``--pin``: the whole engine too, ``taskset``).
@@ -97,6 +100,7 @@ from conductor.profiling.handoff import (  # noqa: E402
 )
 from conductor.sim.simulator import simulate  # noqa: E402
 from conductor.workload.max_tokens import MaxTokens  # noqa: E402
+from conductor.workload.spread import spread_ties  # noqa: E402
 from conductor.workload.trace import (  # noqa: E402
     bundled_trace_path,
     generated_tokens,
@@ -130,11 +134,20 @@ SPEEDS += (4.0, 5.0, 6.0, 8.0)
 engines need rates a tenth of an AVX-512 machine's)."""
 
 
-def write_slice(limit: int, offset: int, scaling: Scaling, path: Path) -> int:
+TIE_GAP_MS = 10
+"""Trace milliseconds between requests of the slice that share a timestamp (``--tie-gap-ms``;
+``conductor trace spread``): without an order in time they reach the gateway in whatever
+order the client and the gateway finish them, not the simulator's file order
+(docs/fidelity.md, "Simultaneous arrivals")."""
+
+
+def write_slice(limit: int, offset: int, scaling: Scaling, path: Path, tie_gap_ms: int = 0) -> int:
+    """The slice as a trace file from time 0; with ``tie_gap_ms`` its simultaneous arrivals
+    ordered in time (:func:`~conductor.workload.spread.spread_ties`)."""
     records = read_trace(bundled_trace_path(), limit=offset + limit).records[offset:]
     t0 = records[0].timestamp_ms
-    scaled = scale_records(records, scaling)
-    write_trace([replace(r, timestamp_ms=r.timestamp_ms - t0) for r in scaled], path)
+    scaled = [replace(r, timestamp_ms=r.timestamp_ms - t0) for r in scale_records(records, scaling)]
+    write_trace(spread_ties(scaled, tie_gap_ms) if tie_gap_ms else scaled, path)
     return len(scaled)
 
 
@@ -525,6 +538,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--limit", type=int, default=300)
     p.add_argument("--offset", type=int, default=0)
+    p.add_argument(
+        "--tie-gap-ms",
+        type=int,
+        default=TIE_GAP_MS,
+        help="trace ms between requests sharing a timestamp, in file order (0: keep the ties)",
+    )
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--warmup", type=int, default=1, help="unmeasured replays first (vLLM)")
     p.add_argument("--speed", default="auto", help="replay speed, or auto (see 4.)")
@@ -625,7 +644,7 @@ def main() -> int:
     scaling = Scaling(max_model_len=args.flags.max_model_len)
     work = Path(tempfile.mkdtemp(prefix="fidelity-"))
     trace = work / "slice.jsonl"
-    n = write_slice(args.limit, args.offset, scaling, trace)
+    n = write_slice(args.limit, args.offset, scaling, trace, args.tie_gap_ms)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     result: dict[str, Any] = {
         "command": " ".join(["bench/fidelity.py", *sys.argv[1:]]),
@@ -635,6 +654,7 @@ def main() -> int:
         "started": started,
         "requests": n,
         "scaling": {k: getattr(scaling, k) for k in Scaling.__slots__},
+        "tie_gap_ms": args.tie_gap_ms,
         "engine_flags": {k: str(getattr(args.flags, k)) for k in fc.EngineFlags.__slots__},
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "admission": args.admission,

@@ -1,4 +1,4 @@
-"""``conductor trace synth|stats`` through Typer's test runner."""
+"""``conductor trace synth|stats|spread`` through Typer's test runner."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typer.testing import CliRunner
 
 from conductor.cli.main import app, main
 from conductor.cli.trace_cmd import trace_app
+from conductor.workload.spread import spread_ties
 from conductor.workload.synth import synthesize
-from conductor.workload.trace import read_trace, write_trace
+from conductor.workload.trace import bundled_trace_path, read_trace, write_trace
 
 runner = CliRunner()
 
@@ -19,6 +20,8 @@ BUNDLED_STATS = """\
 requests: 12031
 time span: 3537.0 s
 mean rate: 3.40 req/s
+simultaneous arrivals: 10851 requests share a timestamp with an earlier one (largest run 28; \
+`conductor trace spread` orders them in time)
 input tokens: mean 12035.1, median 6909, max 126195
 output tokens: mean 342.6
 unique blocks: 182790
@@ -96,6 +99,8 @@ def test_stats_of_a_file_with_options(tmp_path: Path) -> None:
         "requests: 100\n"
         "time span: 45.0 s\n"
         "mean rate: 2.22 req/s\n"
+        "simultaneous arrivals: 0 requests share a timestamp with an earlier one (largest run 1;"
+        " `conductor trace spread` orders them in time)\n"
         "input tokens: mean 14371.9, median 13599.5, max 31869\n"
         "output tokens: mean 76.5\n"
         "unique blocks: 345\n"
@@ -197,6 +202,46 @@ def test_stats_bad_values(tmp_path: Path) -> None:
     result = runner.invoke(app, ["trace", "stats", str(missing)])
     assert result.exit_code == 2
     assert "does not exist" in result.stderr
+
+
+def test_spread_writes_the_library_output_and_prints_what_it_changed(tmp_path: Path) -> None:
+    out = tmp_path / "spread.jsonl.gz"
+    result = runner.invoke(app, ["trace", "spread", str(bundled_trace_path()), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (
+        f"wrote 12031 requests to {out}: 10851 shared a timestamp with an earlier one"
+        " (largest run 28), 0 still do\n"
+    )
+    expected = tmp_path / "expected.jsonl.gz"
+    write_trace(spread_ties(read_trace(bundled_trace_path()).records, 10), expected)
+    assert out.read_bytes() == expected.read_bytes()
+    again = tmp_path / "again.jsonl"
+    result = runner.invoke(app, ["trace", "spread", str(out), "--gap-ms", "3", "--out", str(again)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (
+        f"wrote 12031 requests to {again}: 0 shared a timestamp with an earlier one"
+        " (largest run 1), 0 still do\n"
+    )
+
+
+def test_spread_bad_values(tmp_path: Path) -> None:
+    out = tmp_path / "never.jsonl"
+    result = runner.invoke(
+        app, ["trace", "spread", str(bundled_trace_path()), "--gap-ms", "0", "--out", str(out)]
+    )
+    assert result.exit_code == 2
+    assert "Invalid value for '--gap-ms': must be an integer > 0, got 0" in result.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}\n')
+    result = runner.invoke(app, ["trace", "spread", str(bad), "--out", str(out)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: {bad}: line 1: field 'input_length'")
+    assert not out.exists()
+    result = runner.invoke(
+        app, ["trace", "spread", str(bundled_trace_path()), "--out", str(tmp_path / "no" / "x")]
+    )
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: cannot write {tmp_path / 'no' / 'x'}: ")
 
 
 def test_synth_unwritable_output_is_a_clear_error(tmp_path: Path) -> None:

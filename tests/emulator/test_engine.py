@@ -1,4 +1,5 @@
-"""The emulated engine's steps: FCFS prefill, continuous batching, prefix reuse, KV events."""
+"""The emulated engine's steps: chunked FCFS prefill, continuous batching, one forward pass
+per step, prefix reuse, KV events."""
 
 from __future__ import annotations
 
@@ -161,7 +162,11 @@ def test_continuous_batching_joins_new_requests_and_counts_context() -> None:
         (a.request_id, 1),
         (b.request_id, 0),
     ]
-    assert s2.duration_s == pytest.approx(COST.prefill_s(64, 0) + COST.decode_step_s(1, 101))
+    # one forward pass: the decode step, plus the chunk's tokens without a second fixed part
+    fixed = COST.prefill_s(1, 0)
+    assert s2.duration_s == pytest.approx(
+        COST.decode_step_s(1, 101) + COST.prefill_s(64, 0) - fixed
+    )
     s3 = engine.step()
     assert s3.duration_s == pytest.approx(COST.decode_step_s(2, 102 + 65))
     assert [o.finished for o in s3.outputs] == [True, True]
@@ -169,15 +174,26 @@ def test_continuous_batching_joins_new_requests_and_counts_context() -> None:
     assert not engine.has_work
 
 
-def test_fcfs_batch_size_and_token_budget_limits() -> None:
+def test_fcfs_batch_size_and_chunked_token_budget() -> None:
     engine = core(max_batch_size=2, max_batched_tokens=150)
     reqs = [request(list(range(k * 1000, k * 1000 + 100)), 3) for k in range(3)]
     for r in reqs:
         engine.add(r)
-    s1 = engine.step()
-    assert s1.prefilled == 1  # the second prompt (100) is over the rest of the budget (50)
-    s2 = engine.step()
-    assert s2.prefilled == 1 and len(engine.running) == 2  # budget 149; batch now full
+    fixed = COST.prefill_s(1, 0)
+    s1 = engine.step()  # the first prompt whole, the second's first 50 tokens (the budget's rest)
+    assert s1.prefilled == 2 and len(engine.running) == 2
+    assert [(o.request.request_id, o.index) for o in s1.outputs] == [(reqs[0].request_id, 0)]
+    assert (reqs[0].computed, reqs[1].computed) == (100, 50)
+    assert s1.duration_s == pytest.approx(COST.prefill_s(100, 0) + COST.prefill_s(50, 0) - fixed)
+    s2 = engine.step()  # the first decodes; the second's last 50 tokens; the batch is full
+    assert s2.prefilled == 1 and s2.decoded == 1 and list(engine.waiting) == [reqs[2]]
+    assert [(o.request.request_id, o.index) for o in s2.outputs] == [
+        (reqs[0].request_id, 1),
+        (reqs[1].request_id, 0),
+    ]
+    assert s2.duration_s == pytest.approx(
+        COST.decode_step_s(1, 101) + COST.prefill_s(100, 50) - fixed
+    )
     s3 = engine.step()
     assert s3.prefilled == 0 and list(engine.waiting) == [reqs[2]]
     assert reqs[0].status is Status.FINISHED  # its third token came in s3
@@ -185,6 +201,25 @@ def test_fcfs_batch_size_and_token_budget_limits() -> None:
     assert s4.prefilled == 1
     run(engine)
     assert all(r.status is Status.FINISHED for r in reqs)
+
+
+def test_a_chunked_prompt_publishes_its_blocks_as_they_are_computed() -> None:
+    engine = core(max_batched_tokens=40)
+    prompt = list(range(100))
+    req = request(prompt, 1)
+    engine.add(req)
+    steps = run(engine)
+    hashes = tuple(int(h) for h in hash_blocks(prompt, BS, seed=SEED))
+    # chunks of 40, 40, 20 tokens: blocks 0 / 1 / 2 are full after 40 / 80 / 100 tokens
+    assert [s.events for s in steps] == [
+        [Stored(hashes[:1], None, tuple(prompt[:32]))],
+        [Stored(hashes[1:2], hashes[0], tuple(prompt[32:64]))],
+        [Stored(hashes[2:3], hashes[1], tuple(prompt[64:96]))],
+    ]
+    assert [len(s.outputs) for s in steps] == [0, 0, 1]
+    assert [s.duration_s for s in steps] == pytest.approx(
+        [COST.prefill_s(40, 0), COST.prefill_s(80, 40), COST.prefill_s(100, 80)]
+    )
 
 
 def test_memory_waits_then_evicts_lru_blocks() -> None:

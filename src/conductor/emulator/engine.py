@@ -1,23 +1,33 @@
 """The emulated engine's scheduler and model, one step at a time (no clock, no asyncio).
 
-Each :meth:`EngineCore.step` is one engine iteration, like vLLM's:
+Each :meth:`EngineCore.step` is one engine iteration, like vLLM v1's with chunked prefill
+(and like the simulator's engines, :mod:`conductor.sim.engine`, whose step rule this is):
 
-1. **Prefill, FCFS**: waiting requests are admitted in arrival order while the batch has
-   room (``max_batch_size``), the step's token budget allows (``max_batched_tokens`` minus
-   one token per decoding request; the first prefill of a step always fits) and the block
-   pool can reserve the request's blocks. The head of the queue blocks those behind it.
-   A request reuses the longest cached prefix of its prompt in whole blocks, at most
-   ``prompt - 1`` tokens (the last prompt token is always computed). A decode leg
-   (``kv_transfer_params.do_remote_prefill``) gets the rest of its full prompt blocks from
-   the remote prefill engine: counted as *external* hits, paid as a KV transfer.
-2. **Decode, continuous batching**: every request admitted in an earlier step emits one
-   token; each request admitted in this step emits its first token.
-3. Full blocks whose KV is computed become cached and are published (``Stored``); requests
+1. **Decoding requests first**, one token each, one token of the step's budget each
+   (``max_batched_tokens``, vLLM's ``max_num_batched_tokens``).
+2. **Running partial prefills**, oldest first, each taking as much of the rest of the
+   budget as its prompt still needs.
+3. **Waiting requests, FCFS**, admitted while the budget lasts, the batch has room
+   (``max_batch_size``) and the block pool can reserve the request's blocks; the head of
+   the queue blocks those behind it. An admitted prompt takes what is left of the budget
+   and goes on in later steps (chunked prefill). A request reuses the longest cached prefix
+   of its prompt in whole blocks, at most ``prompt - 1`` tokens (the last prompt token is
+   always computed). A decode leg (``kv_transfer_params.do_remote_prefill``) gets the rest
+   of its full prompt blocks from the remote prefill engine: counted as *external* hits,
+   paid as a KV transfer in the step that admits it.
+4. A decoding request emits its next token; a request whose prompt's last token was
+   computed in this step emits its first token. Full blocks whose KV is computed (a
+   partial prefill's chunks too) become cached and are published (``Stored``); requests
    that reached ``max_tokens`` finish and free their blocks.
 
-The step's duration is ``sum(prefill_s(prompt, reused)) + transfer_s(external) +
-decode_step_s(decoding batch, their context)`` from :class:`~conductor.core.costmodel.CostModel`;
-the driver (:mod:`conductor.emulator.loop`) decides how long that is in wall time.
+**Step time**, from :class:`~conductor.core.costmodel.CostModel`, the simulator's rule:
+one forward pass per step. With ``P(N, e)`` the prefill time of ``N`` prompt tokens of
+which ``e`` are already computed and ``F = P(1, 0)`` its fixed per-pass part, the step
+costs ``decode_step_s(B, context)`` for its ``B`` decoding requests (``F`` when it has
+none), plus ``P(e + c, e) - F`` for each prompt chunk of ``c`` tokens after ``e`` earlier
+ones, plus the transfers of the decode legs it admits. A prompt alone thus takes ``P(N,
+e)`` in one step. The driver (:mod:`conductor.emulator.loop`) decides how long that is in
+wall time.
 
 Block hashes are the engine's own: ``core.hashing.hash_block`` chained per request with
 ``engine_hash_seed`` (not the scheduler's seed, as a real engine's hashes are not ours).
@@ -68,6 +78,9 @@ class EngineRequest:
     emitted: int = 0
     cached_tokens: int = 0
     external_tokens: int = 0
+    computed: int = 0
+    """Prompt tokens whose KV is here (reused, loaded or computed); the prompt is done at
+    ``prompt_tokens``."""
     finish_reason: str | None = None
     final_hashes: tuple[int, ...] = ()
     """The cached blocks the request held when it finished (a prefill leg's KV to hand over)."""
@@ -96,6 +109,7 @@ class StepResult:
     outputs: list[TokenOutput]
     events: list[CacheEvent]
     prefilled: int
+    """Requests with a prompt chunk in the step."""
     decoded: int
 
 
@@ -115,7 +129,7 @@ class EngineCounters:
 
 
 class EngineCore:
-    """FCFS prefill + continuous-batching decode over a :class:`BlockPool`.
+    """Chunked FCFS prefill + continuous-batching decode over a :class:`BlockPool`.
 
     Invariants: a request is in exactly one of ``waiting`` (FIFO), ``running`` (admission
     order) or neither (finished or aborted); a running request holds
@@ -212,36 +226,53 @@ class EngineCore:
     # -- the step --------------------------------------------------------------------------
 
     def step(self) -> StepResult:
-        decoding = list(self.running.values())
+        running = list(self.running.values())
+        decoding = [r for r in running if r.computed >= r.prompt_tokens]
         budget = self.max_batched_tokens - len(decoding)
-        admitted: list[EngineRequest] = []
-        prefill_s = 0.0
-        while self.waiting and len(self.running) < self.max_batch_size:
+        chunks: list[tuple[EngineRequest, int]] = []
+        for r in running:
+            if budget <= 0:
+                break
+            if r.computed < r.prompt_tokens:
+                c = min(r.prompt_tokens - r.computed, budget)
+                chunks.append((r, c))
+                budget -= c
+        load_s = 0.0
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
             req = self.waiting[0]
             planned = self._plan_prefill(req)
             if planned is None:
                 break
-            hits, external_blocks = planned
-            compute = req.prompt_tokens - (hits + external_blocks) * self.block_size
-            if admitted and compute > budget:
-                break
             self.waiting.popleft()
-            prefill_s += self._admit(req, hits, external_blocks)
-            budget -= compute
-            admitted.append(req)
+            load_s += self._admit(req, *planned)
+            c = min(req.prompt_tokens - req.computed, budget)
+            chunks.append((req, c))
+            budget -= c
 
-        context = sum(len(r.tokens) for r in decoding)
-        decode_s = self.cost.decode_step_s(len(decoding), context) if decoding else 0.0
+        cost = self.cost
+        fixed = cost.prefill_s(1, 0)
+        duration = load_s
+        if decoding:
+            context = sum(len(r.tokens) for r in decoding)
+            duration += cost.decode_step_s(len(decoding), context)
+        elif chunks:
+            duration += fixed
+        for r, c in chunks:
+            duration += cost.prefill_s(r.computed + c, r.computed) - fixed
+            r.computed += c
         outputs = [self._emit(r) for r in decoding]
-        outputs += [self._emit(r) for r in admitted]
-        duration = prefill_s + decode_s
+        for r, _ in chunks:
+            if r.computed >= r.prompt_tokens:
+                outputs.append(self._emit(r))
+            else:
+                self._cache_full_blocks(r, computed=r.computed)
         self.counters.steps += 1
         self.counters.busy_s += duration
         return StepResult(
             duration_s=duration,
             outputs=outputs,
             events=self.pool.take_events(),
-            prefilled=len(admitted),
+            prefilled=len(chunks),
             decoded=len(decoding),
         )
 
@@ -256,7 +287,8 @@ class EngineCore:
         return hits, external
 
     def _admit(self, req: EngineRequest, hits: int, external_blocks: int) -> float:
-        """Pin the reused prefix, reserve and allocate the prompt's blocks; the prefill time."""
+        """Pin the reused prefix, reserve and allocate the prompt's blocks; the seconds its
+        external blocks take to load (0 without)."""
         pool, bs = self.pool, self.block_size
         for h in req.prompt_hashes[:hits]:
             pool.pin(h)
@@ -277,11 +309,8 @@ class EngineCore:
             c.external_queries += req.prompt_tokens - req.cached_tokens
         c.external_hits += req.external_tokens
         c.prompt_tokens += req.prompt_tokens
-        reused = req.cached_tokens + req.external_tokens
-        seconds = self.cost.prefill_s(req.prompt_tokens, reused)
-        if req.external_tokens:
-            seconds += self.cost.transfer_s(req.external_tokens)
-        return seconds
+        req.computed = req.cached_tokens + req.external_tokens
+        return self.cost.transfer_s(req.external_tokens) if req.external_tokens else 0.0
 
     def _take(self, req: EngineRequest) -> None:
         self.pool.take()
