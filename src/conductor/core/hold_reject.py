@@ -24,34 +24,42 @@ if TYPE_CHECKING:  # the scheduler's policies import the hold queue, which impor
 
 
 class Prefixes:
-    """Block-hash chains (prompts), to find the longest prefix one shares with any."""
+    """The blocks of some prompts, to find how many leading blocks of another one they hold.
+
+    Block hashes are chained — each depends on every block before it (vLLM's and ours,
+    :mod:`conductor.core.hashing`; a trace's hash ids likewise) — so a prompt's first ``i``
+    blocks are some added prompt's first ``i`` iff its ``i``-th block is among the added
+    blocks: a set answers that, and the longest such ``i`` is found by bisection, O(log n)
+    lookups per prompt and O(n) C-level work per prompt added. (Comparing with every added
+    prompt instead cost O(prompts x blocks) per query: with hundreds of requests held
+    behind one system prompt, the gateway's event loop spent 88% of its time here.) With
+    hashes that are not chained the answer is never shorter than the longest prefix truly
+    shared, so the check still errs towards keeping a request."""
 
     def __init__(self, chains: Iterable[Sequence[BlockHash]]) -> None:
-        self._by_first: dict[BlockHash, list[Sequence[BlockHash]]] = {}
+        self._blocks: set[BlockHash] = set()
         for c in chains:
             self.add(c)
 
     def add(self, chain: Sequence[BlockHash]) -> None:
-        if chain:
-            self._by_first.setdefault(chain[0], []).append(chain)
+        self._blocks.update(chain)
 
     def shared(self, chain: Sequence[BlockHash]) -> int:
-        """The most leading blocks of ``chain`` any added chain has too."""
-        if not chain:
+        """The most leading blocks of ``chain`` an added chain has too."""
+        blocks = self._blocks
+        if not chain or chain[0] not in blocks:
             return 0
-        best = 0
-        for other in self._by_first.get(chain[0], ()):
-            lo, hi = 1, min(len(chain), len(other))  # chain[:lo] == other[:lo]
-            if chain[:hi] == other[:hi]:
-                lo = hi
-            while lo < hi:  # the longest common prefix, by bisection on equal slices
-                mid = (lo + hi + 1) // 2
-                if chain[:mid] == other[:mid]:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            best = max(best, lo)
-        return best
+        lo, hi = 1, len(chain)  # chain[lo - 1] is held; the answer is in [lo, hi]
+        if chain[hi - 1] in blocks:
+            return hi
+        hi -= 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if chain[mid - 1] in blocks:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
 
 def best_prefill_s(sched: Scheduler, request: Request, prefill_s: float, known: Prefixes) -> float:

@@ -1,0 +1,296 @@
+"""Goodput through the real gateway: each policy run by ``conductor serve`` in front of the same
+emulated prefill/decode cluster, side by side, beside what the simulator predicts.
+
+    python bench/gateway_goodput.py [--kind agent] [--requests 600] [--speed 12] [--seed 19]
+        [--prefill 4] [--decode 8] [--policies conductor,mooncake,...] [--json OUT]
+
+What runs, per policy (fresh processes each time, so every policy starts from cold caches):
+
+1. ``--prefill`` + ``--decode`` ``conductor emulate`` engines of those roles, timed by the cost
+   model ``--preset`` (the simulator's default cluster: Llama-3-70B on 8 x A800 per instance),
+   each with the simulator's engine shape: KV room of the preset in 32-token blocks, 8,192
+   batched tokens per step, 256 sequences, chunked prefill (docs/emulator.md; they form their
+   steps as the simulator's engines do).
+2. ``conductor serve --policy P --admission early`` before them (the gateway: real HTTP, the
+   engines' KV events over ZMQ, its hold queue, its P/D protocol — the prefill leg, then the
+   decode leg that reads the KV and makes the first token), SLOs TTFT 30 s and TBT 100 ms.
+3. ``conductor replay`` of a generated workload (``conductor trace synth --kind K --requests N
+   --rate 2.5 --seed S --block-size 32``, its simultaneous arrivals ordered in time: ``conductor
+   trace spread``)
+   at ``--speed``, prompts made from the trace's block ids (shared prefixes hit), outputs as
+   in the trace. Goodput: requests meeting both SLOs at the client, per second of the trace's
+   span; 429s count as misses.
+
+The same trace is simulated per policy with the same cluster, admission, SLOs and the
+gateway's protocol (``--handoff load --first-token decode``, CPP off, no output lengths).
+Every policy sees what the gateway sees; nothing is tuned here: the defaults are a held-out
+case of bench/heldout.py (agent 12x, seed 19, 4P+8D), whose workload no parameter was chosen on.
+
+Everything shares this machine's cores (the emulated engines use little CPU; the gateway and
+the client stream every token). Figures only: nothing passes or fails on a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import fidelity_cluster as fc
+from fidelity_parts import EngineShape, sim_config
+
+from conductor.core.costmodel import preset
+from conductor.demo.tokenizer import make_tokenizer
+from conductor.sim.simulator import simulate
+from conductor.workload.max_tokens import MaxTokens
+from conductor.workload.spread import spread_ties
+from conductor.workload.synth import KINDS, synthesize
+from conductor.workload.trace import (
+    generated_tokens,
+    read_trace,
+    records_to_requests,
+    write_trace,
+)
+
+BLOCK = 32
+"""Tokens per KV block in the engines, the gateway and the generated trace (one hash id per
+block). vLLM-like: a decode leg loads the prompt's full blocks and computes the rest, so a
+large block (512) would make each decode engine recompute up to 511 tokens per joining
+request, stalling its other streams."""
+MAX_BATCHED_TOKENS = 8192
+MAX_SEQS = 256
+MODEL_LEN = 131072
+RATE_RPS = 2.5
+TIE_GAP_MS = 10
+TTFT_SLO_S = 30.0
+TBT_SLO_MS = 100.0
+MODEL = "emulated"
+POLICIES = (
+    "conductor",
+    "mooncake",
+    "dynamo",
+    "sglang",
+    "llmd",
+    "weighted",
+    "cache_aware_local",
+    "least_loaded",
+    "round_robin",
+)
+
+
+@dataclass
+class Emulated:
+    name: str
+    role: str
+    url: str
+    kv_port: int
+    replay_port: int
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def spec(self) -> str:
+        return (
+            f"{self.url},role={self.role},id={self.name},model={MODEL},block_size={BLOCK},"
+            f"kv_events=tcp://127.0.0.1:{self.kv_port},replay=tcp://127.0.0.1:{self.replay_port}"
+        )
+
+
+def start_engines(args: Any, work: Path) -> list[Emulated]:
+    kv_blocks = preset(args.preset).kv_capacity_tokens // BLOCK
+    engines: list[Emulated] = []
+    try:
+        for role, n in (("prefill", args.prefill), ("decode", args.decode)):
+            for i in range(n):
+                name = f"{role[0]}{i}"
+                port, kv, rp = fc.free_ports(3)
+                cmd = [*fc.CLI, "emulate", "--port", str(port), "--role", role]
+                cmd += ["--kv-events-port", str(kv), "--replay-port", str(rp)]
+                cmd += ["--engine-id", name, "--preset", args.preset, "--model", MODEL]
+                cmd += ["--block-size", str(BLOCK), "--cache-blocks", str(kv_blocks)]
+                cmd += ["--max-model-len", str(MODEL_LEN), "--log-level", "warning"]
+                cmd += ["--max-batched-tokens", str(MAX_BATCHED_TOKENS)]
+                cmd += ["--max-batch-size", str(MAX_SEQS)]
+                with (work / f"{name}.log").open("wb") as log:
+                    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                            cwd=fc.REPO, start_new_session=True)  # fmt: skip
+                url = f"http://127.0.0.1:{port}"
+                engines.append(Emulated(name, role, url, kv, rp, proc))
+        for e in engines:
+            fc.wait_http(e.url, e.proc, work / f"{e.name}.log", 60)
+    except BaseException:
+        for e in engines:
+            fc.stop_group(e.proc)
+        raise
+    return engines
+
+
+@contextmanager
+def gateway(engines: Sequence[Emulated], policy: str, args: Any, work: Path) -> Iterator[str]:
+    (port,) = fc.free_ports(1)
+    cmd = [*fc.CLI, "serve", "--port", str(port), "--model-name", MODEL]
+    cmd += ["--model-path", str(work / "tokenizer")]  # the demo's; prompts come as token ids
+    cmd += ["--block-size", str(BLOCK), "--max-model-len", str(MODEL_LEN)]
+    cmd += ["--preset", args.preset, "--policy", policy, "--admission", "early"]
+    cmd += ["--ttft-slo-s", str(TTFT_SLO_S), "--tbt-slo-ms", str(TBT_SLO_MS)]
+    cmd += ["--log-level", "warning", "--max-body-bytes", str(64 << 20)]
+    cmd += ["--kv-transfer-params"]  # the legs carry them: the emulator's (NIXL's) P/D protocol
+    for e in engines:
+        cmd += ["--engine", e.spec]
+    log = work / f"gateway-{policy}.log"
+    with log.open("wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=fc.REPO,
+                                start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        fc.wait_http(url, proc, log, 60)
+        yield url
+    finally:
+        fc.stop_group(proc)
+
+
+def replay(url: str, trace: Path, speed: float, out: Path) -> dict[str, Any]:
+    cmd = [*fc.CLI, "replay", "--url", url, "--trace", str(trace), "--speed", str(speed)]
+    cmd += ["--token-scale", "1", "--output-scale", "1", "--trace-block-size", str(BLOCK)]
+    cmd += ["--block-size", str(BLOCK), "--model", MODEL, "--json", str(out)]
+    cmd += ["--ttft-slo-s", str(TTFT_SLO_S), "--tbt-slo-ms", str(TBT_SLO_MS)]
+    cmd += ["--requests-json", str(out.with_suffix(".requests.json")), "--timeout-s", "300"]
+    t0 = time.monotonic()
+    subprocess.run(cmd, check=True, cwd=fc.REPO, stdout=subprocess.DEVNULL)
+    summary: dict[str, Any] = json.loads(out.read_text())
+    summary["wall_s"] = round(time.monotonic() - t0, 2)
+    return summary
+
+
+def simulated(trace: Path, speed: float, policy: str, args: Any) -> dict[str, Any]:
+    cost = preset(args.preset)
+    shape = EngineShape(
+        n=0,
+        n_prefill=args.prefill,
+        n_decode=args.decode,
+        max_num_batched_tokens=MAX_BATCHED_TOKENS,
+        max_num_seqs=MAX_SEQS,
+        block_tokens=BLOCK,
+        kv_capacity_tokens=(cost.kv_capacity_tokens // BLOCK) * BLOCK,
+    )
+    cfg = sim_config(
+        policy,
+        cost,
+        shape,
+        admission="early",
+        ttft_slo_s=TTFT_SLO_S,
+        tbt_slo_s=TBT_SLO_MS / 1e3,
+        handoff="load",
+        first_token="decode",
+    )
+    records = read_trace(trace, block_size_tokens=BLOCK).records
+    mt = MaxTokens.parse("trace")
+    requests = records_to_requests(records, speed=speed, block_size_tokens=BLOCK, max_tokens=mt)
+    return dict(simulate(requests, cfg, outputs=generated_tokens(records, mt)).summary)
+
+
+KEYS = ("goodput_rps", "slo_attainment", "rejected", "completed")
+
+
+def row(name: str, real: dict[str, Any], sim: dict[str, Any]) -> str:
+    def cells(s: dict[str, Any]) -> str:
+        ttft = s["ttft_s"]["mean"]
+        return (
+            f"{s['goodput_rps']:>8.3f} {s['slo_attainment']:>6.3f} {int(s['rejected']):>5d} "
+            f"{'-' if ttft is None else f'{ttft:.2f}':>7}"
+        )
+
+    return f"{name:<18} {cells(real)}   {cells(sim)}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--kind", default="agent", choices=KINDS)
+    ap.add_argument("--requests", type=int, default=600)
+    ap.add_argument("--seed", type=int, default=19)
+    ap.add_argument("--speed", type=float, default=12.0)
+    ap.add_argument("--prefill", type=int, default=4)
+    ap.add_argument("--decode", type=int, default=8)
+    ap.add_argument("--preset", default="llama3-70b-a800x8")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    for flag, value in (("--requests", args.requests), ("--prefill", args.prefill),
+                        ("--decode", args.decode)):  # fmt: skip
+        if value < 1:
+            ap.error(f"{flag} must be >= 1, got {value}")
+    if not args.speed > 0:
+        ap.error(f"--speed must be > 0, got {args.speed}")
+    policies = [p for p in args.policies.split(",") if p]
+    work = Path(tempfile.mkdtemp(prefix="gateway-goodput-"))
+    trace = work / "trace.jsonl"
+    make_tokenizer(work / "tokenizer")
+    records = synthesize(
+        args.kind,
+        requests=args.requests,
+        rate_rps=RATE_RPS,
+        seed=args.seed,
+        block_size_tokens=BLOCK,
+    )
+    write_trace(spread_ties(records, TIE_GAP_MS), trace)
+    result: dict[str, Any] = {
+        "command": " ".join(["bench/gateway_goodput.py", *sys.argv[1:]]),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "workload": {
+            "kind": args.kind,
+            "requests": args.requests,
+            "rate_rps": RATE_RPS,
+            "seed": args.seed,
+            "speed": args.speed,
+            "tie_gap_ms": TIE_GAP_MS,
+        },
+        "cluster": {
+            "prefill": args.prefill,
+            "decode": args.decode,
+            "preset": args.preset,
+            "block_tokens": BLOCK,
+            "max_batched_tokens": MAX_BATCHED_TOKENS,
+            "max_seqs": MAX_SEQS,
+        },
+        "slo": {"ttft_s": TTFT_SLO_S, "tbt_ms": TBT_SLO_MS},
+        "cpus": os.cpu_count(),
+        "work_dir": str(work),
+        "policies": {},
+    }
+    print(f"{'':<18} {'gateway + emulated engines':^28}   {'simulated':^28}")
+    print(f"{'policy':<18} {'goodput':>8} {'att.':>6} {'rej.':>5} {'TTFT s':>7}   "
+          f"{'goodput':>8} {'att.':>6} {'rej.':>5} {'TTFT s':>7}", flush=True)  # fmt: skip
+    for policy in policies:
+        sim = simulated(trace, args.speed, policy, args)
+        load0 = os.getloadavg()
+        engines = start_engines(args, work)
+        try:
+            with gateway(engines, policy, args, work) as url:
+                real = replay(url, trace, args.speed, work / f"replay-{policy}.json")
+        finally:
+            for e in engines:
+                fc.stop_group(e.proc)
+        real["loadavg_before"] = [round(x, 2) for x in load0]
+        real["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+        result["policies"][policy] = {"gateway": real, "sim": sim}
+        print(row(policy, real, sim), flush=True)
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
