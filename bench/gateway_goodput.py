@@ -160,10 +160,10 @@ def gateway(engines: Sequence[Emulated], policy: str, args: Any, work: Path) -> 
         fc.stop_group(proc)
 
 
-def replay(url: str, trace: Path, speed: float, out: Path) -> dict[str, Any]:
+def replay(url: str, trace: Path, speed: float, out: Path, label: str) -> dict[str, Any]:
     cmd = [*fc.CLI, "replay", "--url", url, "--trace", str(trace), "--speed", str(speed)]
     cmd += ["--token-scale", "1", "--output-scale", "1", "--trace-block-size", str(BLOCK)]
-    cmd += ["--block-size", str(BLOCK), "--model", MODEL, "--json", str(out)]
+    cmd += ["--block-size", str(BLOCK), "--model", MODEL, "--json", str(out), "--label", label]
     cmd += ["--ttft-slo-s", str(TTFT_SLO_S), "--tbt-slo-ms", str(TBT_SLO_MS)]
     cmd += ["--requests-json", str(out.with_suffix(".requests.json")), "--timeout-s", "300"]
     t0 = time.monotonic()
@@ -277,7 +277,7 @@ def main() -> int:
         engines = start_engines(args, work)
         try:
             with gateway(engines, policy, args, work) as url:
-                real = replay(url, trace, args.speed, work / f"replay-{policy}.json")
+                real = replay(url, trace, args.speed, work / f"replay-{policy}.json", policy)
         finally:
             for e in engines:
                 fc.stop_group(e.proc)

@@ -1,0 +1,63 @@
+"""bench/gateway_goodput.py end to end on the smallest cluster: real ``conductor serve`` in
+front of two emulated engines (one prefill, one decode), a generated workload replayed
+through it, and the simulator's prediction beside it. What is checked is what must hold on
+any machine: every request answered, none rejected, the JSON's fields; not the timings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench" / "gateway_goodput.py"
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_policies_through_the_gateway_beside_the_simulator(tmp_path: Path) -> None:
+    out = tmp_path / "goodput.json"
+    args = ["--requests", "4", "--prefill", "1", "--decode", "1", "--speed", "4"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            *args,
+            "--policies",
+            "conductor,round_robin",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    header = ["goodput", "att.", "rej.", "TTFT", "s"]
+    assert lines[1].split() == ["policy", *header, *header]
+    assert [line.split()[0] for line in lines[2:4]] == ["conductor", "round_robin"]
+    result = json.loads(out.read_text())
+    assert result["workload"] == {
+        "kind": "agent", "requests": 4, "rate_rps": 2.5, "seed": 19, "speed": 4.0,
+        "tie_gap_ms": 10,
+    }  # fmt: skip
+    assert result["cluster"]["prefill"] == 1 and result["cluster"]["decode"] == 1
+    for policy in ("conductor", "round_robin"):
+        real = result["policies"][policy]["gateway"]
+        sim = result["policies"][policy]["sim"]
+        assert (real["requests"], real["completed"], real["rejected"]) == (4, 4, 0)
+        assert (sim["requests"], sim["completed"], sim["rejected"]) == (4, 4, 0)
+        assert real["policy"] == policy and sim["policy"] == policy
+
+
+def test_bad_values_are_named() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--decode", "0"], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].endswith("error: --decode must be >= 1, got 0")
