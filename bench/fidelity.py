@@ -88,6 +88,7 @@ from fidelity_parts import (  # noqa: E402
     scale_records,
     sim_config,
     sim_rows,
+    simulate_slice,
     with_transfer,
 )
 
@@ -98,14 +99,10 @@ from conductor.profiling.handoff import (  # noqa: E402
     kv_moves,
     per_length_medians,
 )
-from conductor.sim.simulator import simulate  # noqa: E402
-from conductor.workload.max_tokens import MaxTokens  # noqa: E402
-from conductor.workload.spread import spread_ties  # noqa: E402
+from conductor.workload.spread import DEFAULT_GAP_MS, spread_ties  # noqa: E402
 from conductor.workload.trace import (  # noqa: E402
     bundled_trace_path,
-    generated_tokens,
     read_trace,
-    records_to_requests,
     write_trace,
 )
 from tests.engines.fixtures import TINY_MODEL, missing_prerequisites  # noqa: E402
@@ -134,7 +131,7 @@ SPEEDS += (4.0, 5.0, 6.0, 8.0)
 engines need rates a tenth of an AVX-512 machine's)."""
 
 
-TIE_GAP_MS = 10
+TIE_GAP_MS = DEFAULT_GAP_MS
 """Trace milliseconds between requests of the slice that share a timestamp (``--tie-gap-ms``;
 ``conductor trace spread``): without an order in time they reach the gateway in whatever
 order the client and the gateway finish them, not the simulator's file order
@@ -185,11 +182,6 @@ def run_sim(
     if protocol is None:
         protocol = PD_PROTOCOL if is_pd(args) else MOONCAKE_PROTOCOL
     h = getattr(args, "hold_horizon_ms", None)
-    records = read_trace(trace, block_size_tokens=shape.block_tokens).records
-    mt = MaxTokens.parse("trace")
-    requests = records_to_requests(
-        records, speed=speed, block_size_tokens=shape.block_tokens, max_tokens=mt
-    )
     cfg = sim_config(
         policy,
         cost,
@@ -202,9 +194,9 @@ def run_sim(
         first_token=protocol[1],
         hold_horizon_s=None if h is None else h / 1e3,  # the gateway's, if given
     )
-    res = simulate(requests, cfg, outputs=generated_tokens(records, mt))
+    res = simulate_slice(trace, speed, cfg)
     rows = sim_rows(res.records)
-    window = (requests[0].arrival_s, requests[-1].arrival_s)
+    window = (res.records[0].arrival_s, res.records[-1].arrival_s)
     return {
         "summary": res.summary,
         "rows": rows,

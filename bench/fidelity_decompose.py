@@ -43,17 +43,10 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import fidelity as fb  # noqa: E402
 import fidelity_cluster as fc  # noqa: E402
-from fidelity_parts import EngineShape, Scaling, sim_config  # noqa: E402
+from fidelity_parts import EngineShape, Scaling, sim_config, simulate_slice  # noqa: E402
 
 from conductor.core.cost_file import parse_cost_file  # noqa: E402
 from conductor.core.costmodel import CostModel  # noqa: E402
-from conductor.sim.simulator import simulate  # noqa: E402
-from conductor.workload.max_tokens import MaxTokens  # noqa: E402
-from conductor.workload.trace import (  # noqa: E402
-    generated_tokens,
-    read_trace,
-    records_to_requests,
-)
 from tests.engines.fixtures import missing_prerequisites  # noqa: E402
 
 PROMPT_BINS = ((0, 128), (128, 512), (512, 1024), (1024, 2048))
@@ -144,13 +137,10 @@ def simulated(
         block_tokens=block,
         kv_capacity_tokens=kv,
     )
-    records = read_trace(trace, block_size_tokens=block).records
-    mt = MaxTokens.parse("trace")
-    reqs = records_to_requests(records, speed=speed, block_size_tokens=block, max_tokens=mt)
     cfg = sim_config(policy, cost, shape, admission="off", ttft_slo_s=30.0, tbt_slo_s=1.0)
     if not hold:
         cfg = replace(cfg, scheduler=replace(cfg.scheduler, policy_params={"late_binding": 0.0}))
-    recs = simulate(reqs, cfg, outputs=generated_tokens(records, mt)).records
+    recs = simulate_slice(trace, speed, cfg).records
     done = [r for r in recs if r.ttft_s is not None and r.prefill_start_s is not None]
     ttft = [r.ttft_s for r in done if r.ttft_s is not None]
     return {

@@ -17,6 +17,8 @@ share and what compares them:
 * :func:`with_transfer`: the cost model's KV transfer set from the measured P/D hand-off
   (TTFT through the gateway minus the prefill engine's own time and the decode step; its
   line in the prompt length is ``conductor.profiling.handoff.fit_handoff``).
+* :func:`simulate_slice`: a trace file (the slice as the replay sends it) through the
+  simulator at a replay speed, outputs as in the trace.
 * :func:`busy_fraction`: utilisation as the share of the trace's span an engine had at least
   one request in flight, computed the same way from replay rows and simulated records.
 * :func:`compare`: per-request and aggregate TTFT/TBT errors of one run against another.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +38,9 @@ from conductor.core.costmodel import CostModel
 from conductor.profiling.handoff import HandoffFit, transfer_of
 from conductor.sim.config import EngineConfig, SimConfig
 from conductor.sim.records import RequestRecord
+from conductor.sim.simulator import SimResult, simulate
+from conductor.workload.max_tokens import MaxTokens
+from conductor.workload.trace import generated_tokens, read_trace, records_to_requests
 from conductor.workload.trace_format import TraceRecord
 
 
@@ -150,6 +156,17 @@ def sim_config(
         handoff=handoff,
         first_token=first_token,
     )
+
+
+def simulate_slice(trace: Path, speed: float, cfg: SimConfig) -> SimResult:
+    """``trace`` simulated with ``cfg`` at replay ``speed``: read with the scheduler's block
+    size, each request's ``max_tokens`` and output as in the trace (``--max-tokens trace``,
+    what the replay sends)."""
+    block = cfg.scheduler.block_size_tokens
+    records = read_trace(trace, block_size_tokens=block).records
+    mt = MaxTokens.parse("trace")
+    requests = records_to_requests(records, speed=speed, block_size_tokens=block, max_tokens=mt)
+    return simulate(requests, cfg, outputs=generated_tokens(records, mt))
 
 
 Interval = tuple[str, float, float]

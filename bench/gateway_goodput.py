@@ -49,20 +49,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import fidelity_cluster as fc
-from fidelity_parts import EngineShape, sim_config
+from fidelity_parts import EngineShape, sim_config, simulate_slice
 
 from conductor.core.costmodel import preset
 from conductor.demo.tokenizer import make_tokenizer
-from conductor.sim.simulator import simulate
-from conductor.workload.max_tokens import MaxTokens
-from conductor.workload.spread import spread_ties
+from conductor.workload.spread import DEFAULT_GAP_MS, spread_ties
 from conductor.workload.synth import KINDS, synthesize
-from conductor.workload.trace import (
-    generated_tokens,
-    read_trace,
-    records_to_requests,
-    write_trace,
-)
+from conductor.workload.trace import write_trace
 
 BLOCK = 32
 """Tokens per KV block in the engines, the gateway and the generated trace (one hash id per
@@ -73,7 +66,6 @@ MAX_BATCHED_TOKENS = 8192
 MAX_SEQS = 256
 MODEL_LEN = 131072
 RATE_RPS = 2.5
-TIE_GAP_MS = 10
 TTFT_SLO_S = 30.0
 TBT_SLO_MS = 100.0
 MODEL = "emulated"
@@ -194,10 +186,7 @@ def simulated(trace: Path, speed: float, policy: str, args: Any) -> dict[str, An
         handoff="load",
         first_token="decode",
     )
-    records = read_trace(trace, block_size_tokens=BLOCK).records
-    mt = MaxTokens.parse("trace")
-    requests = records_to_requests(records, speed=speed, block_size_tokens=BLOCK, max_tokens=mt)
-    return dict(simulate(requests, cfg, outputs=generated_tokens(records, mt)).summary)
+    return dict(simulate_slice(trace, speed, cfg).summary)
 
 
 KEYS = ("goodput_rps", "slo_attainment", "rejected", "completed")
@@ -243,7 +232,7 @@ def main() -> int:
         seed=args.seed,
         block_size_tokens=BLOCK,
     )
-    write_trace(spread_ties(records, TIE_GAP_MS), trace)
+    write_trace(spread_ties(records, DEFAULT_GAP_MS), trace)
     result: dict[str, Any] = {
         "command": " ".join(["bench/gateway_goodput.py", *sys.argv[1:]]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -253,7 +242,7 @@ def main() -> int:
             "rate_rps": RATE_RPS,
             "seed": args.seed,
             "speed": args.speed,
-            "tie_gap_ms": TIE_GAP_MS,
+            "tie_gap_ms": DEFAULT_GAP_MS,
         },
         "cluster": {
             "prefill": args.prefill,

@@ -12,7 +12,7 @@ import typer
 from conductor.core.errors import ConductorError
 from conductor.sim.config import CACHE_CAPACITY_TOKENS
 from conductor.workload.analysis import infinite_cache_hits, lru_cache_hits, trace_stats
-from conductor.workload.spread import spread_ties, ties
+from conductor.workload.spread import DEFAULT_GAP_MS, spread_ties, ties
 from conductor.workload.synth import KINDS, synthesize
 from conductor.workload.trace import bundled_trace_path, read_trace, write_trace
 from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS, TraceRecord
@@ -232,7 +232,7 @@ def spread(
             help="Milliseconds between requests that shared a timestamp (less where the next"
             " timestamp comes sooner).",
         ),
-    ] = 10,
+    ] = DEFAULT_GAP_MS,
     block_size: Annotated[
         int, typer.Option(callback=_positive_int, help="Tokens per hashed block.")
     ] = DEFAULT_BLOCK_SIZE_TOKENS,
@@ -242,14 +242,16 @@ def spread(
     the order the requests arrive in; docs/fidelity.md)."""
     try:
         records = read_trace(path, block_size_tokens=block_size).records
-        before = ties(records)
         spread_records = spread_ties(records, gap_ms)
-        write_trace(spread_records, out)
     except ConductorError as exc:
         raise _fail(f"{path}: {exc}") from exc
     except OSError as exc:
+        raise _fail(f"cannot read {path}: {exc}") from exc
+    try:
+        write_trace(spread_records, out)
+    except OSError as exc:
         raise _fail(f"cannot write {out}: {exc}") from exc
-    after = ties(spread_records)
+    before, after = ties(records), ties(spread_records)
     typer.echo(
         f"wrote {len(spread_records)} requests to {out}: {before.tied} shared a timestamp with"
         f" an earlier one (largest run {before.largest_run}), {after.tied} still do"

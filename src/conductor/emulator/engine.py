@@ -150,6 +150,8 @@ class EngineCore:
         engine_hash_seed: int,
     ) -> None:
         self.cost = cost
+        self.fixed_s = cost.prefill_s(1, 0)
+        """The prefill model's fixed per-pass part (``F``), paid once per step."""
         self.block_size = block_size_tokens
         self.pool = BlockPool(cache_blocks)
         self.max_model_len = max_model_len
@@ -250,7 +252,7 @@ class EngineCore:
             budget -= c
 
         cost = self.cost
-        fixed = cost.prefill_s(1, 0)
+        fixed = self.fixed_s
         duration = load_s
         if decoding:
             context = sum(len(r.tokens) for r in decoding)

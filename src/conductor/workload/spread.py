@@ -18,6 +18,10 @@ from dataclasses import dataclass, replace
 from conductor.core.errors import InvalidInput
 from conductor.workload.trace_format import TraceRecord
 
+DEFAULT_GAP_MS = 10
+"""Milliseconds between the requests of a run (``conductor trace spread --gap-ms``, the
+fidelity benches' ``--tie-gap-ms``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Ties:
