@@ -596,6 +596,8 @@ def main() -> int:
         p.error(f"--handoff-lengths must name positive token counts, got {args.handoff_lengths!r}")
     if args.handoff_samples < 1:
         p.error(f"--handoff-samples must be >= 1, got {args.handoff_samples}")
+    if args.tie_gap_ms < 0:
+        p.error(f"--tie-gap-ms must be >= 0 (0 keeps the ties), got {args.tie_gap_ms}")
     if args.hold_horizon_ms is not None and not args.hold_horizon_ms >= 0:
         p.error(f"--hold-horizon-ms must be >= 0, got {args.hold_horizon_ms}")
     if args.gateway_latency != "measure":

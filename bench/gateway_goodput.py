@@ -52,6 +52,8 @@ import fidelity_cluster as fc
 from fidelity_parts import EngineShape, sim_config, simulate_slice
 
 from conductor.core.costmodel import preset
+from conductor.core.errors import InvalidInput
+from conductor.core.policies import check_policy
 from conductor.demo.tokenizer import make_tokenizer
 from conductor.workload.spread import DEFAULT_GAP_MS, spread_ties
 from conductor.workload.synth import KINDS, synthesize
@@ -222,6 +224,13 @@ def main() -> int:
     if not args.speed > 0:
         ap.error(f"--speed must be > 0, got {args.speed}")
     policies = [p for p in args.policies.split(",") if p]
+    if not policies:
+        ap.error(f"--policies names no policy: {args.policies!r}")
+    for policy in policies:
+        try:
+            check_policy(policy)
+        except InvalidInput as exc:
+            ap.error(f"--policies: {exc.why}, got {policy!r}")
     work = Path(tempfile.mkdtemp(prefix="gateway-goodput-"))
     trace = work / "trace.jsonl"
     make_tokenizer(work / "tokenizer")

@@ -55,9 +55,17 @@ def test_two_policies_through_the_gateway_beside_the_simulator(tmp_path: Path) -
         assert real["policy"] == policy and sim["policy"] == policy
 
 
-def test_bad_values_are_named() -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--decode", "0"], "error: --decode must be >= 1, got 0"),
+        (["--policies", ","], "error: --policies names no policy: ','"),
+        (["--policies", "conductor,bogus"], "got 'bogus'"),
+    ],
+)
+def test_bad_values_are_named(args: list[str], message: str) -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--decode", "0"], cwd=REPO, capture_output=True, text=True
+        [sys.executable, str(BENCH), *args], cwd=REPO, capture_output=True, text=True
     )
     assert done.returncode == 2
-    assert done.stderr.splitlines()[-1].endswith("error: --decode must be >= 1, got 0")
+    assert done.stderr.splitlines()[-1].endswith(message)
