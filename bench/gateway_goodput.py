@@ -50,11 +50,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import fidelity_cluster as fc
 from fidelity_parts import EngineShape, sim_config, simulate_slice
+from hold_order import RATE_RPS
 
+from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import preset
 from conductor.core.errors import InvalidInput
 from conductor.core.policies import check_policy
 from conductor.demo.tokenizer import make_tokenizer
+from conductor.sim.config import EngineConfig
 from conductor.workload.spread import DEFAULT_GAP_MS, spread_ties
 from conductor.workload.synth import KINDS, synthesize
 from conductor.workload.trace import write_trace
@@ -64,12 +67,11 @@ BLOCK = 32
 block). vLLM-like: a decode leg loads the prompt's full blocks and computes the rest, so a
 large block (512) would make each decode engine recompute up to 511 tokens per joining
 request, stalling its other streams."""
-MAX_BATCHED_TOKENS = 8192
-MAX_SEQS = 256
+MAX_BATCHED_TOKENS = EngineConfig().max_num_batched_tokens
+"""The simulator's engine default (vLLM's ``max_num_batched_tokens``)."""
 MODEL_LEN = 131072
-RATE_RPS = 2.5
-TTFT_SLO_S = 30.0
-TBT_SLO_MS = 100.0
+TTFT_SLO_S = SchedulerConfig().ttft_slo_s
+TBT_SLO_MS = SchedulerConfig().tbt_slo_s * 1e3
 MODEL = "emulated"
 POLICIES = (
     "conductor",
@@ -115,7 +117,7 @@ def start_engines(args: Any, work: Path) -> list[Emulated]:
                 cmd += ["--block-size", str(BLOCK), "--cache-blocks", str(kv_blocks)]
                 cmd += ["--max-model-len", str(MODEL_LEN), "--log-level", "warning"]
                 cmd += ["--max-batched-tokens", str(MAX_BATCHED_TOKENS)]
-                cmd += ["--max-batch-size", str(MAX_SEQS)]
+                cmd += ["--max-batch-size", str(preset(args.preset).max_batch_size)]
                 with (work / f"{name}.log").open("wb") as log:
                     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                             cwd=fc.REPO, start_new_session=True)  # fmt: skip
@@ -174,7 +176,7 @@ def simulated(trace: Path, speed: float, policy: str, args: Any) -> dict[str, An
         n_prefill=args.prefill,
         n_decode=args.decode,
         max_num_batched_tokens=MAX_BATCHED_TOKENS,
-        max_num_seqs=MAX_SEQS,
+        max_num_seqs=cost.max_batch_size,
         block_tokens=BLOCK,
         kv_capacity_tokens=(cost.kv_capacity_tokens // BLOCK) * BLOCK,
     )
@@ -259,7 +261,7 @@ def main() -> int:
             "preset": args.preset,
             "block_tokens": BLOCK,
             "max_batched_tokens": MAX_BATCHED_TOKENS,
-            "max_seqs": MAX_SEQS,
+            "max_seqs": preset(args.preset).max_batch_size,
         },
         "slo": {"ttft_s": TTFT_SLO_S, "tbt_ms": TBT_SLO_MS},
         "cpus": os.cpu_count(),
