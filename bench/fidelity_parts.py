@@ -116,9 +116,11 @@ def sim_config(
 ) -> SimConfig:
     """``conductor simulate --both n --prefill P --decode D --cost-file F
     --max-num-batched-tokens .. --max-num-seqs .. --kv-block-tokens B --long-prefill-tokens ..
-    --cache-tokens KV --admission A --no-cpp --max-tokens trace`` with the scheduler's block
-    (and the trace's) ``B`` tokens, as the gateway's is (``serve --block-size B``). The
-    prefix cache is the engines' KV room: vLLM caches prefixes in its free KV blocks.
+    --cache-tokens KV --admission A --no-cpp --no-kv-fetch --max-tokens trace`` with the
+    scheduler's block (and the trace's) ``B`` tokens, as the gateway's is (``serve
+    --block-size B``). The prefix cache is the engines' KV room: vLLM caches prefixes in its
+    free KV blocks. No fetches between engines: behind ``conductor serve`` each reuses its
+    own cache only.
     ``gateway_latency_s``: what the gateway adds to a request's TTFT on idle engines (its two
     legs), split evenly into the simulator's dispatch and report latencies. ``handoff`` and
     ``first_token``: the P/D protocol (``--handoff``, ``--first-token``; the scheduler is
@@ -155,6 +157,7 @@ def sim_config(
         report_latency_s=gateway_latency_s / 2,
         handoff=handoff,
         first_token=first_token,
+        kv_fetch=False,
     )
 
 

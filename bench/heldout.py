@@ -15,6 +15,12 @@ and ``VARIANT`` changes one setting the parameters were not chosen at:
 * ``4p4d`` / ``8p4d`` / ``4p8d``: 4 prefill + 4 decode / 8 prefill + 4 decode / 4 prefill
   + 8 decode instances;
 * ``h100``: the cost model of H100 nodes (``llama3-70b-h100x8``) instead of A800 ones;
+* ``nofetch``: no KV store between engines (``--no-kv-fetch``): each prefill instance reuses
+  only its own cache, as behind ``conductor serve`` (Algorithm 1's remote fetch is gone);
+* ``serve``: the cluster ``conductor serve`` runs in front of emulated engines
+  (bench/gateway_goodput.py): no KV store between engines, the decode engine loads each
+  hand-off's KV inside its step and makes the first token (``--no-kv-fetch --handoff load
+  --first-token decode``);
 * ``off``: no admission for anybody (placement alone);
 * ``costerr``: engines off the cost model (``--cost-error 0.3 --cost-bias 0.3``: every
   request's prefill and decode 30% slower than the model on average, times a lognormal
@@ -55,6 +61,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "costerr": {"cost_error": 0.3, "cost_bias": 0.3},
     "4p8d": {"prefill": 4},
     "h100": {"preset_name": "llama3-70b-h100x8"},
+    "nofetch": {"kv_fetch": False},
+    "serve": {"kv_fetch": False, "handoff": "load", "first_token": "decode"},
 }
 """Each variant's change to ``hold_order.OPTIONS`` (``conductor compare``'s defaults)."""
 

@@ -261,6 +261,20 @@ def test_cost_error_bias_and_correction_reach_the_simulation(tmp_path: Path) -> 
     assert runs["slow"]["ttft_s"]["mean"] > runs["exact"]["ttft_s"]["mean"]
 
 
+def test_no_kv_fetch_reaches_the_simulation(tmp_path: Path) -> None:
+    trace = str(_trace(tmp_path, n=120))
+    base = ["simulate", "--trace", trace, "--prefill", "2", "--decode", "2", "--policy", "mooncake"]
+    runs = {}
+    for name, extra in {"fetch": [], "local": ["--no-kv-fetch"]}.items():
+        out = tmp_path / f"{name}.json"
+        result = runner.invoke(app, [*base, "--speed", "4", *extra, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        runs[name] = json.loads(out.read_text())
+    assert runs["fetch"]["kv_fetch"] is True and runs["local"]["kv_fetch"] is False
+    assert runs["fetch"]["fetched_tokens"] > 0
+    assert runs["local"]["fetched_tokens"] == 0
+
+
 def test_replica_options_are_named() -> None:
     r = runner.invoke(app, ["simulate", "--replicas", "0"])
     assert r.exit_code == 2 and r.stderr.startswith("error: invalid --replicas=0: must be >= 1")

@@ -81,6 +81,7 @@ def test_the_simulated_slice_uses_the_engines_shape() -> None:
     assert cfg.scheduler.block_size_tokens == 32 and cfg.engine.block_size_tokens == 32
     assert cfg.engine.max_num_seqs == 8 and cfg.engine.kv_capacity_tokens == 65536
     assert cfg.cache_capacity_tokens == 65536 and not cfg.scheduler.cpp_enabled
+    assert not cfg.kv_fetch  # behind conductor serve engines reuse their own caches only
     # Two requests sharing their first block, one second apart, alternate engines; the
     # second hits nothing (round robin sent it to the other engine), TTFT = the prefill.
     records = [TraceRecord(0, 64, 4, (1, 2)), TraceRecord(1000, 64, 4, (1, 3))]

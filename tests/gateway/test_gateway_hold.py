@@ -186,6 +186,11 @@ async def test_held_while_the_prefill_engine_is_busy_then_placed_earliest_deadli
     assert [getattr(r, "status", None) for r in answers] == [200, 200, 200]
     assert engines.seen == {"p": ["a", "b", "c"], "d": ["a", "b", "c"]}
     assert len(hold) == 0 and gw.conductor.inflight() == 0
+    # each answer says how long it was held (the test's clock: a none, b 0.401 s, c 0.4 s)
+    # and the TTFT predicted when it was placed
+    headers = [dict(r.headers or {}) for r in answers if isinstance(r, Response)]
+    assert [h["x-conductor-queued-ms"] for h in headers] == ["0.0", "401.0", "400.0"]
+    assert all(float(h["x-conductor-predicted-ttft-ms"]) > 0.0 for h in headers)
     # a was placed at once; b waited 0.401 s (100.001 to 100.402), c 0.4 s (both placed at
     # 100.402: the clock did not move): both in the (0.25, 0.5] bucket
     assert metric(gw, 'conductor_hold_seconds_bucket{le="0.25",outcome="placed"}') == "1.0"

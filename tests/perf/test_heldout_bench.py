@@ -50,6 +50,8 @@ def test_cases_parse_and_bad_ones_are_named() -> None:
         "costerr",
         "4p8d",
         "h100",
+        "nofetch",
+        "serve",
     }
     for case in m.parse_cases(m.DEFAULT_CASES):
         assert case.variant in m.VARIANTS

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from conductor.cli.main import app
 from conductor.emulator.config import EmulatorConfig
+from conductor.replay.runner import _header_ms
 from conductor.workload.trace import write_trace
 from conductor.workload.trace_format import TraceRecord
 from tests.emulator.helpers import EmulatorThread, metric, running_emulator
@@ -78,6 +79,8 @@ def test_replay_sends_every_request_and_shares_prefixes(
     assert [row["prompt_tokens"] for row in rows] == [64, 96, 64, 96, 38]
     assert [row["cached_tokens"] for row in rows] == [0, 64, 0, 64, 32]
     assert [row["tokens"] for row in rows] == [4] * 5
+    # an engine, not the gateway: no hold time, no predicted TTFT
+    assert [(row["queued_s"], row["predicted_ttft_s"]) for row in rows] == [(None, None)] * 5
     assert got["policy"] == "emu" and got["admission"] == "endpoint"
     assert (got["requests"], got["completed"], got["rejected"]) == (5, 5, 0)
     assert got["cache_hit_rate"] == round(CACHED_TOKENS / PROMPT_TOKENS, 6)
@@ -192,3 +195,17 @@ def test_refused_requests_count_as_rejected(tmp_path: Path) -> None:
     rows = json.loads(rows_out.read_text())
     assert [row["status"] for row in rows] == [200, 400, 200, 400, 200]
     assert [row["ttft_s"] is None for row in rows] == [False, True, False, True, False]
+
+
+def test_the_gateways_millisecond_headers_read_as_seconds() -> None:
+    headers = {"a": "401.0", "b": "0.0", "c": "", "d": "soon", "e": "-1", "f": "nan"}
+    got = {k: _header_ms(headers, k) for k in (*headers, "absent")}
+    assert got == {
+        "a": 0.401,
+        "b": 0.0,
+        "c": None,
+        "d": None,
+        "e": None,
+        "f": None,
+        "absent": None,
+    }

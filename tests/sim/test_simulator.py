@@ -77,6 +77,24 @@ def test_remote_fetch_executes_and_replicates() -> None:
     assert res.summary["fetched_tokens"] == 2048
 
 
+def test_without_kv_fetch_an_instance_reuses_only_its_own_cache() -> None:
+    """The same arrivals as above on a cluster without a KV store between engines
+    (``kv_fetch=False``, as behind ``conductor serve``): r1 computes its prefix, on whichever
+    instance gives it the lower TTFT, and nothing is fetched."""
+    reqs = [
+        _req(0, 0.0, 2048, (1, 2, 3, 4)),
+        _req(2, 5.0, 60_000, tuple(range(100, 218))),
+        _req(1, 5.1, 2560, (1, 2, 3, 4, 5)),
+    ]
+    cfg = SimConfig(policy="mooncake", n_prefill=2, n_decode=1, kv_fetch=False)
+    res = simulate(reqs, cfg, outputs=max_tokens_outputs(reqs))
+    _r0, r2, r1 = res.records
+    assert r2.prefill == "prefill-0" and r1.prefill == "prefill-1"
+    assert r1.fetched_tokens == 0 and r1.local_tokens == 0
+    assert r1.ttft_s == pytest.approx(BASE.prefill_s(2560, 0))
+    assert res.summary["fetched_tokens"] == 0
+
+
 def test_decode_batches_and_tbt() -> None:
     """Two requests decode together on one instance; TBT = mean of the longest 10% of
     intervals; with a constant step of 50 ms and an immediate join every interval is 50 ms

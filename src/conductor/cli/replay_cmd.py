@@ -98,6 +98,7 @@ def summary(
         "cost_error": None,
         "cost_bias": None,
         "cost_correction": None,
+        "kv_fetch": None,
         **summarize(records, ttft_slo_s=ttft_slo_s, tbt_slo_s=tbt_slo_s, duration_s=duration_s),
         "sim_wall_s": round(wall_s, 3),
         "max_tokens": "trace",
@@ -125,6 +126,8 @@ def per_request(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
                 "done_s": None if rec.finish_s is None else round(rec.finish_s, 6),
                 "prefill": o.prefill,
                 "decode": o.decode,
+                "queued_s": o.queued_s,
+                "predicted_ttft_s": o.predicted_ttft_s,
             }
         )
     return rows

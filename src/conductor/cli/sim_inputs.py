@@ -43,6 +43,7 @@ from conductor.cli.sim_options import (
     FirstTokenOpt,
     HandoffOpt,
     KvBlockOpt,
+    KvFetchOpt,
     LimitOpt,
     LongPrefillOpt,
     MaxTokensOpt,
@@ -107,6 +108,7 @@ _CLUSTER: tuple[_Spec, ...] = (
     ("handoff", HandoffOpt, DEFAULTS.handoff),
     ("first_token", FirstTokenOpt, DEFAULTS.first_token),
     ("decode_cache", DecodeCacheOpt, DEFAULTS.decode_cache),
+    ("kv_fetch", KvFetchOpt, DEFAULTS.kv_fetch),
 )
 _TRACE: tuple[_Spec, ...] = (
     ("trace", TraceOpt, None),

@@ -63,6 +63,7 @@ FLAGS = {
     "handoff": "--handoff",
     "first_token": "--first-token",
     "decode_cache": "--decode-cache",
+    "kv_fetch": "--kv-fetch",
 }
 """Config field -> the option that sets it."""
 
@@ -196,6 +197,14 @@ DecodeCacheOpt = Annotated[
         " it (vLLM's prefix caching): a hand-off carries only what the engine lacks",
     ),
 ]
+KvFetchOpt = Annotated[
+    bool,
+    typer.Option(
+        "--kv-fetch/--no-kv-fetch",
+        help="prefill instances can pull a prefix cached on another one (Mooncake Store);"
+        " --no-kv-fetch: each reuses its own cache only, as behind conductor serve",
+    ),
+]
 PoolOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -317,6 +326,7 @@ class ClusterOptions:
     handoff: str = DEFAULTS.handoff
     first_token: str = DEFAULTS.first_token
     decode_cache: bool = DEFAULTS.decode_cache
+    kv_fetch: bool = DEFAULTS.kv_fetch
 
 
 def build_config(
@@ -372,6 +382,7 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         handoff=o.handoff,
         first_token=o.first_token,
         decode_cache=o.decode_cache,
+        kv_fetch=o.kv_fetch,
         seed=o.seed,
         oracle_lengths=o.oracle_lengths,
         load_sample_every_s=LOAD_SAMPLE_EVERY_S if load_plot else 0.0,

@@ -263,6 +263,7 @@ class RequestPath:
         return Mode.DISAGGREGATED
 
     def _headers(self, flight: Flight) -> dict[str, str]:
+        queued_ms = (flight.dispatched_at_s - flight.scheduled_at_s) * 1e3
         return {
             "x-conductor-request-id": flight.request_id,
             "x-conductor-prefill": flight.plan.prefill,
@@ -271,6 +272,8 @@ class RequestPath:
             else flight.plan.prefill,
             "x-conductor-mode": flight.mode.value,
             "x-conductor-cached-tokens": str(flight.plan.cached_tokens),
+            "x-conductor-queued-ms": f"{queued_ms:.1f}",
+            "x-conductor-predicted-ttft-ms": f"{flight.plan.predicted_ttft_s * 1e3:.1f}",
         }
 
     def _model_for(self, handle: EngineHandle) -> str:

@@ -8,6 +8,7 @@ seconds since the replay started (``time.perf_counter()`` based).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,10 @@ class Outcome:
     ``token_times_s``: each streamed token's arrival; ``error``: why it failed (``status``
     429: the endpoint rejected it); ``cached_tokens``: the endpoint's
     ``usage.prompt_tokens_details.cached_tokens``, else its ``x-conductor-cached-tokens``
-    header, else None; ``prefill``/``decode``: the gateway's ``x-conductor-*`` headers."""
+    header, else None; ``prefill``/``decode``: the gateway's ``x-conductor-*`` headers;
+    ``queued_s``/``predicted_ttft_s``: how long the gateway held it before placing it and
+    the TTFT it predicted then (``x-conductor-queued-ms``, ``x-conductor-predicted-ttft-ms``;
+    None from an endpoint without them)."""
 
     request_id: str
     arrival_s: float
@@ -41,6 +45,8 @@ class Outcome:
     error: str | None
     prefill: str | None = None
     decode: str | None = None
+    queued_s: float | None = None
+    predicted_ttft_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -55,6 +61,15 @@ class Outcome:
 def _header_int(headers: dict[str, str], name: str) -> int | None:
     value = headers.get(name, "")
     return int(value) if value.isdigit() else None
+
+
+def _header_ms(headers: dict[str, str], name: str) -> float | None:
+    """A header in milliseconds, in seconds (None: absent or not a finite number >= 0)."""
+    try:
+        ms = float(headers.get(name, ""))
+    except ValueError:
+        return None
+    return ms / 1e3 if math.isfinite(ms) and ms >= 0.0 else None
 
 
 class Replayer:
@@ -154,6 +169,8 @@ class Replayer:
             error=r.error if r.error is not None or r.token_times_s else "no tokens streamed",
             prefill=headers.get("x-conductor-prefill"),
             decode=headers.get("x-conductor-decode"),
+            queued_s=_header_ms(headers, "x-conductor-queued-ms"),
+            predicted_ttft_s=_header_ms(headers, "x-conductor-predicted-ttft-ms"),
         )
         self.outcomes.append(outcome)
         self.on_done(outcome)

@@ -92,6 +92,10 @@ class SimConfig:
     free KV blocks and publish them as KV events (vLLM's prefix caching on a decode
     engine), so a hand-off to an engine that holds the start of a prompt carries only the
     rest (:mod:`conductor.sim.decode_cache`). Off: every hand-off carries the whole prompt.
+    ``kv_fetch``: prefill instances can pull a prefix cached on another instance over the NIC
+    (Mooncake Store; Algorithm 1's remote fetch). Off: no store between engines, as behind
+    ``conductor serve``, whose instances are registered with ``pulls_kv = False``: plans
+    reuse each instance's own cache only.
     """
 
     policy: str = DEFAULT_POLICY
@@ -119,6 +123,7 @@ class SimConfig:
     handoff: str = "stream"
     first_token: str = "prefill"
     decode_cache: bool = True
+    kv_fetch: bool = True
 
     def __post_init__(self) -> None:
         check_policy(self.policy)

@@ -184,6 +184,7 @@ def _total(pools: Sequence[Pool], results: Mapping[str, SimResult]) -> SimResult
             "cost_error",
             "cost_bias",
             "cost_correction",
+            "kv_fetch",
         )
     }
     summary.update(

@@ -91,7 +91,7 @@ def make_engines(cfg: SimConfig, scheduler: Scheduler) -> dict[InstanceId, Engin
     ):
         for i in range(n):
             iid = InstanceId(f"{role.value}-{i}")
-            scheduler.add_instance(InstanceSpec(iid, role))
+            scheduler.add_instance(InstanceSpec(iid, role, pulls_kv=cfg.kv_fetch))
             cache = LruBlockCache(cfg.cache_capacity_blocks) if role.prefills else None
             if role is Role.DECODE and cfg.decode_cache:
                 cache = LruBlockCache(0)  # sized to the free KV (sim.decode_cache)
@@ -269,6 +269,7 @@ def simulate(
         "cost_error": cfg.cost_error,
         "cost_bias": cfg.cost_bias,
         "cost_correction": sched.cost_correction,
+        "kv_fetch": cfg.kv_fetch,
         **summarize(
             sim.records,
             ttft_slo_s=sched.ttft_slo_s,
