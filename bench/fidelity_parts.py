@@ -134,6 +134,7 @@ def sim_config(
         cpp_enabled=False,
         seed=seed,
         first_token=first_token,
+        handoff=handoff,
         policy_params={} if hold_horizon_s is None else {"late_binding_horizon_s": hold_horizon_s},
     )
     engine = EngineConfig(

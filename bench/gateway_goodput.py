@@ -11,9 +11,10 @@ What runs, per policy (fresh processes each time, so every policy starts from co
    each with the simulator's engine shape: KV room of the preset in 32-token blocks, 8,192
    batched tokens per step, 256 sequences, chunked prefill (docs/emulator.md; they form their
    steps as the simulator's engines do).
-2. ``conductor serve --policy P --admission early`` before them (the gateway: real HTTP, the
-   engines' KV events over ZMQ, its hold queue, its P/D protocol — the prefill leg, then the
-   decode leg that reads the KV and makes the first token), SLOs TTFT 30 s and TBT 100 ms.
+2. ``conductor serve --policy P --admission early --set handoff="load"`` before them (the
+   gateway: real HTTP, the engines' KV events over ZMQ, its hold queue, its P/D protocol —
+   the prefill leg, then the decode leg that reads the KV inside a step and makes the first
+   token), SLOs TTFT 30 s and TBT 100 ms.
 3. ``conductor replay`` of a generated workload (``conductor trace synth --kind K --requests N
    --rate 2.5 --seed S --block-size 32``, its simultaneous arrivals ordered in time: ``conductor
    trace spread``)
@@ -27,7 +28,10 @@ Every policy sees what the gateway sees; nothing is tuned here: the defaults are
 case of bench/heldout.py (agent 12x, seed 19, 4P+8D), whose workload no parameter was chosen on.
 
 Everything shares this machine's cores (the emulated engines use little CPU; the gateway and
-the client stream every token). Figures only: nothing passes or fails on a timing.
+the client stream every token). How late the engines' steps handed their tokens out, on
+average (``conductor_emulator_late_seconds_total`` over steps), is printed and kept per
+policy: the machine's own share of every token interval, which the simulator does not have.
+Figures only: nothing passes or fails on a timing.
 """
 
 from __future__ import annotations
@@ -142,6 +146,7 @@ def gateway(engines: Sequence[Emulated], policy: str, args: Any, work: Path) -> 
     cmd += ["--ttft-slo-s", str(TTFT_SLO_S), "--tbt-slo-ms", str(TBT_SLO_MS)]
     cmd += ["--log-level", "warning", "--max-body-bytes", str(64 << 20)]
     cmd += ["--kv-transfer-params"]  # the legs carry them: the emulator's (NIXL's) P/D protocol
+    cmd += ["--set", 'handoff="load"']  # and its decode engines load the KV inside a step
     for e in engines:
         cmd += ["--engine", e.spec]
     log = work / f"gateway-{policy}.log"
@@ -167,6 +172,34 @@ def replay(url: str, trace: Path, speed: float, out: Path, label: str) -> dict[s
     summary: dict[str, Any] = json.loads(out.read_text())
     summary["wall_s"] = round(time.monotonic() - t0, 2)
     return summary
+
+
+ENGINE_METRICS = (
+    "conductor_emulator_steps_total",
+    "conductor_emulator_late_seconds_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+)
+
+
+def engine_figures(engines: Sequence[Emulated]) -> dict[str, Any]:
+    """Per role, from the engines' own counters after the replay: how late their steps'
+    tokens went out on average (the machine's share of every token interval, which the
+    simulator does not have) and their prefix-cache hit rate."""
+    out: dict[str, Any] = {}
+    for role in ("prefill", "decode"):
+        sums = dict.fromkeys(ENGINE_METRICS, 0.0)
+        for e in (e for e in engines if e.role == role):
+            for name, value in fc.metric_sums(e.url, ENGINE_METRICS).items():
+                sums[name] += value
+        steps, late = sums[ENGINE_METRICS[0]], sums[ENGINE_METRICS[1]]
+        queries, hits = sums[ENGINE_METRICS[2]], sums[ENGINE_METRICS[3]]
+        out[role] = {
+            "steps": int(steps),
+            "late_ms_per_step": round(late / steps * 1e3, 3) if steps else None,
+            "prefix_hit_rate": round(hits / queries, 4) if queries else None,
+        }
+    return out
 
 
 def simulated(trace: Path, speed: float, policy: str, args: Any) -> dict[str, Any]:
@@ -278,6 +311,7 @@ def main() -> int:
         try:
             with gateway(engines, policy, args, work) as url:
                 real = replay(url, trace, args.speed, work / f"replay-{policy}.json", policy)
+            real["engines"] = engine_figures(engines)
         finally:
             for e in engines:
                 fc.stop_group(e.proc)
@@ -285,6 +319,8 @@ def main() -> int:
         real["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
         result["policies"][policy] = {"gateway": real, "sim": sim}
         print(row(policy, real, sim), flush=True)
+        late = real["engines"]["decode"]["late_ms_per_step"]
+        print(f"{'':<18} decode engines' steps handed out {late} ms late on average", flush=True)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -40,7 +40,8 @@ def test_two_policies_through_the_gateway_beside_the_simulator(tmp_path: Path) -
     lines = done.stdout.splitlines()
     header = ["goodput", "att.", "rej.", "TTFT", "s"]
     assert lines[1].split() == ["policy", *header, *header]
-    assert [line.split()[0] for line in lines[2:4]] == ["conductor", "round_robin"]
+    assert [line.split()[0] for line in lines[2:6:2]] == ["conductor", "round_robin"]
+    assert all("decode engines' steps handed out" in line for line in lines[3:7:2])
     result = json.loads(out.read_text())
     assert result["workload"] == {
         "kind": "agent", "requests": 4, "rate_rps": 2.5, "seed": 19, "speed": 4.0,
@@ -53,6 +54,11 @@ def test_two_policies_through_the_gateway_beside_the_simulator(tmp_path: Path) -
         assert (real["requests"], real["completed"], real["rejected"]) == (4, 4, 0)
         assert (sim["requests"], sim["completed"], sim["rejected"]) == (4, 4, 0)
         assert real["policy"] == policy and sim["policy"] == policy
+        engines = real["engines"]
+        assert set(engines) == {"prefill", "decode"}
+        for role in engines.values():
+            assert role["steps"] > 0 and role["late_ms_per_step"] >= 0.0
+            assert 0.0 <= role["prefix_hit_rate"] <= 1.0
 
 
 @pytest.mark.parametrize(

@@ -488,6 +488,18 @@ def test_a_serve_config_sets_the_hold_horizon(tmp_path: Path) -> None:
         build_settings({"model_path": str(model)}, [spec], sets=["hold_horizon_ms=-1"])
 
 
+def test_a_serve_config_tells_the_scheduler_the_hand_off(tmp_path: Path) -> None:
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
+    spec = "http://127.0.0.1:8100,role=both"
+    assert build_settings({"model_path": str(model)}, [spec]).scheduler.handoff == "stream"
+    load = build_settings({"model_path": str(model)}, [spec], sets=['handoff="load"'])
+    assert load.scheduler.handoff == "load"
+    with pytest.raises(InvalidInput, match="handoff"):
+        build_settings({"model_path": str(model)}, [spec], sets=['handoff="pigeon"'])
+
+
 async def test_with_several_models_each_pool_holds_in_its_own_queue() -> None:
     """alpha's prefill engine is busy and a second alpha request waits; beta's pool has its
     own queue and places at once. The gauge carries the model label."""

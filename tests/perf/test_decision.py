@@ -129,3 +129,14 @@ def test_cli_writes_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert "block events/s" in res.output
     d = json.loads(out.read_text())
     assert set(d) >= KEYS and d["requests"] == 50 and d["prefill"] == 2
+
+
+def test_the_hand_off_is_reported_and_a_bad_one_is_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "r.json"
+    base = ["bench", "decision", "--prefill", "2", "--decode", "2", "--requests", "50"]
+    res = CliRunner().invoke(app, [*base, "--handoff", "load", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["handoff"] == "load"
+    bad = CliRunner().invoke(app, [*base, "--handoff", "pigeon"])
+    assert bad.exit_code == 2
+    assert "--handoff" in bad.output and "pigeon" in bad.output

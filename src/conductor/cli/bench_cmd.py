@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 from conductor.cli.fields import config_error
+from conductor.core.checks import check_choice
+from conductor.core.config import HANDOFFS, SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, preset
 from conductor.core.errors import ConductorError, InvalidInput
 from conductor.core.policies import DEFAULT_POLICY, check_policy
@@ -16,7 +18,7 @@ from conductor.perf.decision import DEFAULT_REQUESTS, DEFAULT_WARMUP, format_res
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks of the scheduler itself.")
 
-FLAGS = {"policy": "--policy", "preset": "--preset"}
+FLAGS = {"policy": "--policy", "preset": "--preset", "handoff": "--handoff"}
 """Option names of the fields ``conductor bench decision`` reports errors for."""
 
 
@@ -37,11 +39,16 @@ def decision(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the result as JSON.")
     ] = None,
+    handoff: Annotated[
+        str,
+        typer.Option(help="The hand-off the scheduler predicts: stream, serial or load."),
+    ] = SchedulerConfig().handoff,
 ) -> None:
     """Time schedule() and the KV-event ingest rate on the bundled Mooncake trace."""
     try:
         check_policy(policy)
         preset(preset_name)
+        check_choice("handoff", handoff, HANDOFFS)
     except InvalidInput as exc:
         raise config_error(exc, FLAGS) from None
     try:
@@ -54,6 +61,7 @@ def decision(
             warmup=warmup,
             seed=seed,
             preset_name=preset_name,
+            handoff=handoff,
         )
     except ConductorError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -99,6 +99,7 @@ KEYS: dict[str, Key] = {
     "ttft_slo_s": Key(SchedulerConfig, "ttft_slo_s"),
     "tbt_slo_ms": Key(SchedulerConfig, "tbt_slo_s", 1e3),
     "seed": Key(SchedulerConfig, "seed"),
+    "handoff": Key(SchedulerConfig, "handoff"),
     "host": Key(GatewayConfig, "host"),
     "port": Key(GatewayConfig, "port"),
     "admin_token": Key(GatewayConfig, "admin_token"),

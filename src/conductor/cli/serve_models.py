@@ -37,7 +37,7 @@ from conductor.gateway.tokenizer import read_max_model_len
 MODEL_KEYS = ("name", "path", "served_name", "max_model_len", "block_size", "policy",
               "admission", "late_binding", "hold_horizon_ms", "preset", "cost_file",
               "prefill_tokens_per_s", "decode_step_ms", "ttft_slo_s", "tbt_slo_ms",
-              "seed")  # fmt: skip
+              "seed", "handoff")  # fmt: skip
 """The keys of a ``[[models]]`` table."""
 ONE_MODEL_KEYS = ("model_path", "model_name", "max_model_len")
 """Keys of the one-model shorthand, which ``[[models]]`` replaces."""
@@ -118,6 +118,7 @@ def scheduling(
         context_tokens=max_model_len,  # a request without max_tokens may use the rest
         # the P/D legs (request_path.py): the client's first token is the decode engine's
         first_token="decode",
+        handoff=v.str_("handoff"),
     )
     return scheduler, cost, policy
 

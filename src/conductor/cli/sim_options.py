@@ -356,6 +356,7 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         cost_correction=o.correction,
         seed=o.seed,
         first_token=o.first_token,
+        handoff=o.handoff,
     )
     engine = EngineConfig(
         max_num_batched_tokens=o.max_num_batched_tokens,

@@ -8,6 +8,8 @@ from conductor.core.checks import check_at_least, check_choice, check_positive
 from conductor.core.errors import InvalidInput
 
 ADMISSION_MODES = ("off", "baseline", "early", "reserve", "predictive")
+HANDOFFS = ("stream", "serial", "load")
+"""How a P->D hand-off's KV reaches the decode engine (:attr:`SchedulerConfig.handoff`)."""
 FIRST_TOKEN_SOURCES = ("prefill", "decode")
 """Which engine gives a disaggregated request's client its first token
 (:attr:`SchedulerConfig.first_token`)."""
@@ -51,6 +53,13 @@ class SchedulerConfig:
     decode engine makes the first token once the KV is there, so the hand-off is in TTFT and
     every interval is a decode step); ``conductor``'s decode choice reads it
     (:mod:`conductor.core.policies.first_interval`).
+    ``handoff``: how the KV reaches a decode engine, as the scheduler predicts it —
+    ``stream`` (during the prefill, Mooncake; NIXL pushing per layer) or ``serial`` (after
+    it, over the NICs) cost the decode engine's other requests nothing; ``load``: the decode
+    engine reads it inside the step that admits the request (vLLM's ExampleConnector,
+    ``conductor emulate``), which stalls every request decoding there, so ``conductor``'s
+    decode choice prices the stalls of the requests joining an instance while this one
+    decodes (:mod:`conductor.core.policies.join_stalls`).
     ``policy_params``: extra parameters passed to the policy by name.
     """
 
@@ -73,6 +82,7 @@ class SchedulerConfig:
     cost_correction: bool = True
     seed: int = 0
     first_token: str = "prefill"
+    handoff: str = "stream"
     policy_params: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -82,6 +92,7 @@ class SchedulerConfig:
         check_at_least("kvcache_balancing_threshold", self.kvcache_balancing_threshold, 1)
         check_choice("admission", self.admission, ADMISSION_MODES)
         check_choice("first_token", self.first_token, FIRST_TOKEN_SOURCES)
+        check_choice("handoff", self.handoff, HANDOFFS)
         check_positive("prefill_chunk_tokens", self.prefill_chunk_tokens)
         check_at_least("cpp_max_nodes", self.cpp_max_nodes, 2)
         check_at_least("context_tokens", self.context_tokens, 2)

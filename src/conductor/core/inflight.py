@@ -22,3 +22,5 @@ class InFlight:
     cpp_nodes: tuple[InstanceId, ...] = ()
     prefill_done: bool = False
     transfers: Transfers | None = None
+    stall_s: float = 0.0
+    """How long its decode engine's step stalls loading its KV (``handoff="load"``)."""

@@ -41,6 +41,7 @@ from conductor.core.policies import (
     make_policy,
 )
 from conductor.core.policies.decode import LeastTbtDecode
+from conductor.core.policies.join_stalls import load_stall_s
 from conductor.core.policies.registry import DEFAULT_POLICY
 from conductor.core.prefix_index import PrefixIndex
 from conductor.core.state import InstanceSpec, InstanceState
@@ -183,6 +184,7 @@ class Scheduler:
                     d = self.instances.get(f.decode) if f.decode is not None else None
                     if d is not None:
                         d.decode.start(rid)
+                        d.decode.record_join(now, f.stall_s)
             case RequestFinished(rid, inst, now, out):
                 self._state(inst).decode.release(rid)
                 self.forecast.finished(rid, now, out)
@@ -330,11 +332,9 @@ class Scheduler:
         transfers = self.nic.book_plan(ctx, pre, decode)
         deferred = self.config.admission == "baseline"
         if not deferred:
-            out = ctx.output
-            self.forecast.add(
-                req.request_id, decode, ctx.now_s + pre.ttft_s, req.prompt_tokens, out
-            )
-            self.instances[decode].decode.admit(req.request_id, req.prompt_tokens, int(out.mean))
+            out, rid = ctx.output, req.request_id
+            self.forecast.add(rid, decode, ctx.now_s + pre.ttft_s, req.prompt_tokens, out)
+            self.instances[decode].decode.admit(rid, req.prompt_tokens, int(out.mean))
         self._inflight[req.request_id] = InFlight(
             req,
             pre.instance,
@@ -342,6 +342,7 @@ class Scheduler:
             ctx.output,
             cpp.nodes if cpp else (),
             transfers=transfers,
+            stall_s=load_stall_s(ctx, pre.instance, decode),
         )
         if self.hotspots is not None:
             best = ctx.match.best_blocks

@@ -18,6 +18,7 @@ Invariants: ``queued_requests == len(_pred_s)``; ``_sum_pred_s == sum(_pred_s.va
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from conductor.core.types import InstanceId, RequestId, Role
@@ -99,6 +100,11 @@ class PrefillState:
         self.busy_until_s = now_s
 
 
+JOIN_LOG = 512
+"""How many recent decode starts a decode instance remembers (more than join within any
+request's decode at the loads the cost models allow)."""
+
+
 @dataclass(slots=True)
 class DecodeState:
     """The requests assigned to a decode instance, vLLM-style: each holds its prompt's KV now
@@ -114,6 +120,10 @@ class DecodeState:
     _kv: dict[RequestId, int] = field(default_factory=dict)
     _prompt: dict[RequestId, int] = field(default_factory=dict)
     _started: set[RequestId] = field(default_factory=set)
+    joins: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=JOIN_LOG))
+    """``(time, stall_s)`` of the latest requests whose decode started here, oldest first,
+    each with the seconds its KV load stalled the instance's step (``handoff="load"``; see
+    :mod:`conductor.core.policies.join_stalls`)."""
 
     @property
     def batch_size(self) -> int:
@@ -139,6 +149,12 @@ class DecodeState:
         self._started.add(rid)
         self.running += 1
         self.running_kv_tokens += kv
+
+    def record_join(self, now_s: float, stall_s: float) -> None:
+        """A request's decode started here at ``now_s``, its KV load stalling the step by
+        ``stall_s`` (none: nothing to remember)."""
+        if stall_s > 0.0:
+            self.joins.append((now_s, stall_s))
 
     def progress(self, rid: RequestId, generated_tokens: int, expected_tokens: int) -> None:
         """``rid`` produced ``generated_tokens`` so far and is now expected to produce

@@ -125,6 +125,9 @@ class EngineCounters:
     generation_tokens: int = 0
     steps: int = 0
     busy_s: float = 0.0
+    late_s: float = 0.0
+    """Wall seconds by which steps' tokens were handed out after their planned end (the
+    driver woke late or its own work ran over; :mod:`conductor.emulator.loop`)."""
     finished: dict[str, int] = field(default_factory=dict)
 
 

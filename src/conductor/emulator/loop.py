@@ -5,7 +5,10 @@ A step of cost-model duration ``d`` ends ``d / speedup`` seconds after the later
 and the previous step's end (no catching up after a stall); with ``instant`` it ends at
 once. Then its KV events are published (before the tokens are handed over, so a client that
 sees a response finish can count on the engine's events being out) and every emitted token is
-put on its request's queue. The loop sleeps while the engine has no work.
+put on its request's queue. The loop sleeps while the engine has no work. How late the tokens
+were handed out after each step's planned end (a busy machine wakes the loop late) is
+counted (``EngineCounters.late_s``, ``conductor_emulator_late_seconds_total``): every second
+of it lengthens the token intervals the clients see beyond the cost model's.
 """
 
 from __future__ import annotations
@@ -128,3 +131,7 @@ class EngineLoop:
                 queue.put_nowait(out)
                 if out.finished:
                     del queues[out.request.request_id]
+            if not self.instant:
+                late = self._clock() - self._step_end
+                if late > 0.0:
+                    core.counters.late_s += late

@@ -96,6 +96,12 @@ def render(
         "Cost-model seconds of the steps run (before the speedup).",
         c.busy_s,
     )
+    family(
+        "conductor_emulator_late_seconds_total",
+        "counter",
+        "Wall seconds by which steps' tokens were handed out after their planned end.",
+        c.late_s,
+    )
     family("conductor_emulator_cached_blocks", "gauge", "Blocks in the prefix cache.", pool.cached)
     family("conductor_emulator_cache_capacity_blocks", "gauge", "KV cache size.", pool.capacity)
     if publisher is not None:

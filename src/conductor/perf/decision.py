@@ -102,6 +102,8 @@ class DecisionBenchResult:
     by_blocks: tuple[BucketStats, ...] = field(default=())
     repeats: int = 1
     p99_us_runs: tuple[float, ...] = field(default=())
+    handoff: str = "stream"
+    """The hand-off the scheduler predicted (``SchedulerConfig.handoff``)."""
     build: str = field(default_factory=lambda: conductor.NATIVE_MODE)
     """Which build ran: ``conductor.NATIVE_MODE`` (``compiled``: the ``conductor compile``
     build; otherwise the sources)."""
@@ -127,6 +129,7 @@ class DecisionBenchResult:
             "preset": self.preset,
             "seed": self.seed,
             "repeats": self.repeats,
+            "handoff": self.handoff,
             "build": self.build,
             "p99_us_runs": list(self.p99_us_runs or (self.p99_us,)),
             "by_blocks": [
@@ -159,9 +162,17 @@ def bucket_of(n_blocks: int) -> str:
 
 
 def make_cluster(
-    n_prefill: int, n_decode: int, *, policy: str, preset_name: str, seed: int
+    n_prefill: int,
+    n_decode: int,
+    *,
+    policy: str,
+    preset_name: str,
+    seed: int,
+    handoff: str = "stream",
 ) -> Scheduler:
-    config = SchedulerConfig(block_size_tokens=DEFAULT_BLOCK_SIZE_TOKENS, seed=seed)
+    config = SchedulerConfig(
+        block_size_tokens=DEFAULT_BLOCK_SIZE_TOKENS, seed=seed, handoff=handoff
+    )
     c = Scheduler(preset(preset_name), policy=policy, config=config)
     for i in range(n_prefill):
         c.add_instance(InstanceSpec(InstanceId(f"p{i}"), Role.PREFILL))
@@ -225,6 +236,7 @@ def run_decision_bench(
     warmup: int = DEFAULT_WARMUP,
     seed: int = 0,
     preset_name: str = DEFAULT_PRESET,
+    handoff: str = "stream",
     finish_every: int = 8,
     inflight_per_decode: int = 4,
     rows: Sequence[TraceRecord] | None = None,
@@ -236,7 +248,9 @@ def run_decision_bench(
     if requests < 1 or warmup < 0:
         raise ValueError("requests must be >= 1 and warmup >= 0")
     trace = rows if rows is not None else load_trace()
-    conductor = make_cluster(n_prefill, n_decode, policy=policy, preset_name=preset_name, seed=seed)
+    conductor = make_cluster(
+        n_prefill, n_decode, policy=policy, preset_name=preset_name, seed=seed, handoff=handoff
+    )
     events = warm_events(trace, n_prefill, seed)
     block_events = sum(len(e.block_hashes) for e in events)
     all_reqs = trace_requests(trace, warmup + requests)
@@ -297,6 +311,7 @@ def run_decision_bench(
         preset=preset_name,
         seed=seed,
         by_blocks=tuple(buckets),
+        handoff=handoff,
     )
 
 

@@ -5,13 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from conductor.core.checks import check_at_least, check_choice
-from conductor.core.config import FIRST_TOKEN_SOURCES, SchedulerConfig
+from conductor.core.config import FIRST_TOKEN_SOURCES, HANDOFFS, SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, CostModel, preset
 from conductor.core.errors import InvalidInput
 from conductor.core.policies import DEFAULT_POLICY, check_policy
-
-HANDOFFS = ("stream", "serial", "load")
-"""How a P->D KV hand-off runs (:attr:`SimConfig.handoff`)."""
 
 CACHE_CAPACITY_TOKENS = 3_000_000
 """A prefill instance's DRAM KV cache in FAST §5.3.2 (also ``conductor trace stats``' LRU)."""

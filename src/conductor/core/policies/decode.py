@@ -21,13 +21,18 @@ from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId
 
 
+def tbt_intervals(output_tokens: float) -> int:
+    """``k``: how many of a request's longest token intervals its TBT averages (FAST: the
+    longest 10%)."""
+    return max(1, math.ceil(0.1 * (output_tokens - 1)))
+
+
 def tbt_factor(output_tokens: float) -> float:
     """TBT (FAST: mean of the longest 10% of a request's token intervals) in units of the
     decode step. The first interval is longer: the request waits for the running iteration
     to end (half a step on average) and then runs a full one, so with
     ``k = ceil(0.1 * intervals)`` longest intervals, ``TBT = step * (1 + 0.5 / k)``."""
-    k = max(1, math.ceil(0.1 * (output_tokens - 1)))
-    return 1.0 + 0.5 / k
+    return 1.0 + 0.5 / tbt_intervals(output_tokens)
 
 
 def predicted_tbt_s(ctx: SchedulingContext, inst: InstanceState) -> float:

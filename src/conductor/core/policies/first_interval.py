@@ -32,7 +32,8 @@ wait for its running step, the tail one for one.
 from __future__ import annotations
 
 from conductor.core.policies.base import DecodeChoice, PrefillChoice, SchedulingContext
-from conductor.core.policies.decode import decode_choice, tbt_factor
+from conductor.core.policies.decode import decode_choice, tbt_factor, tbt_intervals
+from conductor.core.policies.join_stalls import join_stall_s
 from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId
 
@@ -46,6 +47,8 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
     decode_first = ctx.config.first_token == "decode"
     factor = 1.0 if decode_first else tbt_factor(out.mean)
     per_tail = 1.0 if decode_first else 2.0 * (factor - 1.0)  # in TTFT; else 1 / k in TBT
+    stalls = ctx.config.handoff == "load"  # joins' KV loads stall the step (join_stalls)
+    k = tbt_intervals(out.mean)
     cost = ctx.cost
     step_s = cost.decode.step_s  # cost.decode_step_s without its call
     nic = ctx.nic
@@ -89,7 +92,10 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
         room = reserved + room_need <= kv and batch < most
         if not room and best is not None:
             continue
-        tbt = step_s(batch + 1, reserved + need) * factor
+        step = step_s(batch + 1, reserved + need)
+        tbt = step * factor
+        if stalls:
+            tbt += join_stall_s(d, ctx.now_s, out.mean * step, k)
         key = tbt  # what the choice minimises: TBT, or with decode_first TBT + tail
         iid = spec.instance_id
         if iid != src:

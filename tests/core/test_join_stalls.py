@@ -1,0 +1,78 @@
+"""With ``handoff="load"`` a decode engine reads each joining request's KV inside its step,
+stalling every request decoding there; ``conductor``'s decode choice prices the stalls of
+the joins a request will sit through (``conductor.core.policies.join_stalls``), from the
+joins of the last ``E[out] x step`` seconds.
+
+Cost model (helpers): decode step 10 ms + 1 ms per request, transfer 10 us per token;
+requests are predicted to generate 10 tokens (k = 1).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conductor.core.config import SchedulerConfig
+from conductor.core.errors import InvalidInput
+from conductor.core.events import PrefillFinished
+from conductor.core.plan import Plan
+from conductor.core.policies.join_stalls import join_stall_s
+from conductor.core.scheduler import Scheduler
+from conductor.core.state import DecodeState
+from conductor.core.types import RequestId
+
+from .helpers import hashes, iid, make_conductor, req
+
+
+def test_the_stall_share_is_the_top_k_of_the_window_over_k() -> None:
+    d = DecodeState()
+    assert join_stall_s(d, 10.0, 2.0, 2) == 0.0  # nobody joined
+    for t, stall in ((0.0, 0.5), (9.0, 0.2), (9.5, 0.3), (9.8, 0.1)):
+        d.record_join(t, stall)
+    # the window [8, 10] holds 0.2, 0.3, 0.1: the two longest over k = 2
+    assert join_stall_s(d, 10.0, 2.0, 2) == pytest.approx((0.3 + 0.2) / 2)
+    # fewer joins than k: all of them, over k
+    assert join_stall_s(d, 10.0, 2.0, 5) == pytest.approx((0.2 + 0.3 + 0.1) / 5)
+    assert join_stall_s(d, 10.0, 20.0, 1) == pytest.approx(0.5)
+    assert join_stall_s(d, 10.0, 0.1, 1) == 0.0  # none in the last 0.1 s
+
+
+def _started(c: Scheduler, rid: str, prompt: int, now: float) -> Plan:
+    """Place ``rid`` and end its prefill at ``now``."""
+    plan = c.schedule(req(rid, hashes(), prompt), now)
+    assert isinstance(plan, Plan)
+    c.on_event(PrefillFinished(RequestId(rid), plan.prefill, now))
+    return plan
+
+
+def test_a_load_hand_off_is_recorded_as_a_join_when_the_decode_starts() -> None:
+    load = make_conductor(1, 1, policy="conductor", handoff="load", first_token="decode")
+    plan = _started(load, "r1", 400, 0.5)
+    assert list(load.instances[plan.decode].decode.joins) == [
+        (0.5, pytest.approx(load.cost.transfer_s(400)))
+    ]
+    stream = make_conductor(1, 1, policy="conductor", first_token="decode")
+    plan = _started(stream, "r1", 400, 0.5)
+    assert list(stream.instances[plan.decode].decode.joins) == []
+
+
+def test_the_decode_choice_avoids_the_instance_whose_joins_stall_it() -> None:
+    """d1 runs one request more than d0 (1 ms a step); a 4000-token request (40 ms of load)
+    joined d0 0.05 s ago, within the 10 x 11 ms the new request will decode: its TBT on d0
+    would be 11 + 40 ms, on d1 12 ms: d1. Had it joined 0.2 s ago, outside that window: d0.
+    Without ``handoff="load"`` the stall is not priced: d0."""
+    for ago, handoff, want, tbt in (
+        (0.05, "load", "d1", 0.012),
+        (0.2, "load", "d0", 0.011),
+        (0.05, "stream", "d0", 0.011),
+    ):
+        c = make_conductor(1, 2, policy="conductor", handoff=handoff, first_token="decode")
+        c.instances[iid("d1")].decode.admit(RequestId("x"), 1, 0, started=True)
+        c.instances[iid("d0")].decode.record_join(1.0 - ago, c.cost.transfer_s(4000))
+        plan = c.schedule(req("r1", hashes(), 40), 1.0)
+        assert isinstance(plan, Plan)
+        assert (plan.decode, plan.predicted_tbt_s) == (want, pytest.approx(tbt)), ago
+
+
+def test_the_hand_off_mode_is_checked() -> None:
+    with pytest.raises(InvalidInput, match="handoff"):
+        SchedulerConfig(handoff="pigeon")
