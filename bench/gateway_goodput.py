@@ -57,7 +57,7 @@ from fidelity_parts import EngineShape, sim_config, simulate_slice
 from hold_order import RATE_RPS
 
 from conductor.core.config import SchedulerConfig
-from conductor.core.costmodel import preset
+from conductor.core.costmodel import DEFAULT_PRESET, preset
 from conductor.core.errors import InvalidInput
 from conductor.core.policies import check_policy
 from conductor.demo.tokenizer import make_tokenizer
@@ -73,10 +73,13 @@ large block (512) would make each decode engine recompute up to 511 tokens per j
 request, stalling its other streams."""
 MAX_BATCHED_TOKENS = EngineConfig().max_num_batched_tokens
 """The simulator's engine default (vLLM's ``max_num_batched_tokens``)."""
-MODEL_LEN = 131072
+MODEL_LEN = SchedulerConfig().context_tokens
 TTFT_SLO_S = SchedulerConfig().ttft_slo_s
 TBT_SLO_MS = SchedulerConfig().tbt_slo_s * 1e3
 MODEL = "emulated"
+HANDOFF = "load"
+"""The emulated decode engines read a hand-off's KV inside a step: the gateway and the
+simulated scheduler are told so (``serve --set handoff=...``, ``--handoff``)."""
 POLICIES = (
     "conductor",
     "mooncake",
@@ -146,7 +149,7 @@ def gateway(engines: Sequence[Emulated], policy: str, args: Any, work: Path) -> 
     cmd += ["--ttft-slo-s", str(TTFT_SLO_S), "--tbt-slo-ms", str(TBT_SLO_MS)]
     cmd += ["--log-level", "warning", "--max-body-bytes", str(64 << 20)]
     cmd += ["--kv-transfer-params"]  # the legs carry them: the emulator's (NIXL's) P/D protocol
-    cmd += ["--set", 'handoff="load"']  # and its decode engines load the KV inside a step
+    cmd += ["--set", f'handoff="{HANDOFF}"']
     for e in engines:
         cmd += ["--engine", e.spec]
     log = work / f"gateway-{policy}.log"
@@ -220,13 +223,10 @@ def simulated(trace: Path, speed: float, policy: str, args: Any) -> dict[str, An
         admission="early",
         ttft_slo_s=TTFT_SLO_S,
         tbt_slo_s=TBT_SLO_MS / 1e3,
-        handoff="load",
+        handoff=HANDOFF,
         first_token="decode",
     )
     return dict(simulate_slice(trace, speed, cfg).summary)
-
-
-KEYS = ("goodput_rps", "slo_attainment", "rejected", "completed")
 
 
 def row(name: str, real: dict[str, Any], sim: dict[str, Any]) -> str:
@@ -248,7 +248,7 @@ def main() -> int:
     ap.add_argument("--speed", type=float, default=12.0)
     ap.add_argument("--prefill", type=int, default=4)
     ap.add_argument("--decode", type=int, default=8)
-    ap.add_argument("--preset", default="llama3-70b-a800x8")
+    ap.add_argument("--preset", default=DEFAULT_PRESET)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()

@@ -9,8 +9,7 @@ from typing import Annotated
 import typer
 
 from conductor.cli.fields import config_error
-from conductor.core.checks import check_choice
-from conductor.core.config import HANDOFFS, SchedulerConfig
+from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, preset
 from conductor.core.errors import ConductorError, InvalidInput
 from conductor.core.policies import DEFAULT_POLICY, check_policy
@@ -48,7 +47,7 @@ def decision(
     try:
         check_policy(policy)
         preset(preset_name)
-        check_choice("handoff", handoff, HANDOFFS)
+        SchedulerConfig(handoff=handoff)  # its check, named by the option
     except InvalidInput as exc:
         raise config_error(exc, FLAGS) from None
     try:

@@ -101,8 +101,8 @@ class PrefillState:
 
 
 JOIN_LOG = 512
-"""How many recent decode starts a decode instance remembers (more than join within any
-request's decode at the loads the cost models allow)."""
+"""How many recent decode starts a decode instance remembers: more than join it during any
+one request's decode at the loads the cost models allow."""
 
 
 @dataclass(slots=True)
