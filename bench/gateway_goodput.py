@@ -30,8 +30,9 @@ case of bench/heldout.py (agent 12x, seed 19, 4P+8D), whose workload no paramete
 Everything shares this machine's cores (the emulated engines use little CPU; the gateway and
 the client stream every token). How late the engines' steps handed their tokens out, on
 average (``conductor_emulator_late_seconds_total`` over steps), is printed and kept per
-policy: the machine's own share of every token interval, which the simulator does not have.
-Figures only: nothing passes or fails on a timing.
+policy: the machine's own share of every token interval, which the simulator does not have;
+and the mean TBT of the completed streams as the gateway relayed them
+(``conductor_observed_tbt_seconds``) beside the client's and the simulated one. Figures only: nothing passes or fails on a timing.
 """
 
 from __future__ import annotations
@@ -205,6 +206,23 @@ def engine_figures(engines: Sequence[Emulated]) -> dict[str, Any]:
     return out
 
 
+GATEWAY_TBT = ("conductor_observed_tbt_seconds_sum", "conductor_observed_tbt_seconds_count")
+
+
+def gateway_figures(url: str, real: dict[str, Any]) -> dict[str, Any]:
+    """The mean TBT of the completed streams as the gateway relayed them
+    (``conductor_observed_tbt_seconds``) beside the client's, on the same requests: what the
+    engines delivered against what reached the client (the relay's and the client's share)."""
+    sums = fc.metric_sums(url, GATEWAY_TBT)
+    total, count = sums[GATEWAY_TBT[0]], sums[GATEWAY_TBT[1]]
+    client = real["tbt_ms"]["mean"]
+    return {
+        "streams": int(count),
+        "tbt_mean_ms": round(total / count * 1e3, 2) if count else None,
+        "client_tbt_mean_ms": None if client is None else round(client, 2),
+    }
+
+
 def simulated(trace: Path, speed: float, policy: str, args: Any) -> dict[str, Any]:
     cost = preset(args.preset)
     shape = EngineShape(
@@ -311,6 +329,7 @@ def main() -> int:
         try:
             with gateway(engines, policy, args, work) as url:
                 real = replay(url, trace, args.speed, work / f"replay-{policy}.json", policy)
+                real["relay"] = gateway_figures(url, real)
             real["engines"] = engine_figures(engines)
         finally:
             for e in engines:
@@ -321,6 +340,10 @@ def main() -> int:
         print(row(policy, real, sim), flush=True)
         late = real["engines"]["decode"]["late_ms_per_step"]
         print(f"{'':<18} decode engines' steps handed out {late} ms late on average", flush=True)
+        relay = real["relay"]
+        print(f"{'':<18} mean TBT as the gateway relayed it {relay['tbt_mean_ms']} ms, at the "
+              f"client {relay['client_tbt_mean_ms']} ms, simulated "
+              f"{sim['tbt_ms']['mean']:.2f} ms", flush=True)  # fmt: skip
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

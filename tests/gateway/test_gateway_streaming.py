@@ -40,6 +40,7 @@ async def test_stream_is_relayed_byte_for_byte_and_bookkept() -> None:
         metrics
     )
     assert 'conductor_requests_finished_total{outcome="completed"} 1.0' in metrics
+    assert 'conductor_observed_tbt_seconds_count{policy="conductor"} 1.0' in metrics
     assert gw.conductor.inflight() == 0
     state = gw.conductor.instances[InstanceId("a")]
     assert (state.prefill.queued_requests, state.decode.batch_size) == (0, 0)
@@ -181,6 +182,7 @@ async def test_metrics_exposition_names() -> None:
         "conductor_decision_latency_seconds",
         "conductor_predicted_ttft_seconds",
         "conductor_observed_ttft_seconds",
+        "conductor_observed_tbt_seconds",
         "conductor_observed_prefill_seconds",
         "conductor_cache_hit_tokens_total",
         "conductor_prompt_tokens_total",

@@ -4,13 +4,13 @@ membership. Pure: time comes in as ``now_s``, randomness from a seeded ``random.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
 from conductor.core.admission import check_early, check_predictive, check_reserve, check_ttft
+from conductor.core.checks import check_request
 from conductor.core.chunked_pipeline import PipelinePlan, pipeline_if_faster
 from conductor.core.config import SchedulerConfig
 from conductor.core.correction import CostCorrection
@@ -227,18 +227,7 @@ class Scheduler:
 
     # -- scheduling ----------------------------------------------------------------------
     def validate(self, request: Request) -> None:
-        if request.prompt_tokens <= 0:
-            raise InvalidInput("prompt_tokens", request.prompt_tokens, "must be > 0")
-        if request.max_tokens is not None and request.max_tokens < 1:
-            raise InvalidInput("max_tokens", request.max_tokens, "must be >= 1")
-        most = math.ceil(request.prompt_tokens / self.config.block_size_tokens)
-        if len(request.block_hashes) > most:
-            raise InvalidInput(
-                "block_hashes",
-                len(request.block_hashes),
-                f"more blocks than ceil({request.prompt_tokens}/"
-                f"{self.config.block_size_tokens}) = {most}",
-            )
+        check_request(request, self.config.block_size_tokens)
         if request.request_id in self._inflight:
             raise InvalidInput("request_id", request.request_id, "already in flight")
 

@@ -29,6 +29,7 @@ from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId, RequestId
 from conductor.gateway.metrics import PoolMetrics
 from conductor.gateway.prefill_times import PrefillTimes
+from conductor.gateway.stream_tbt import TokenGaps
 
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
@@ -56,11 +57,14 @@ class StreamTokens:
         self.events = 0
         self.usage: int | None = None
 
-    def feed(self, chunk: bytes) -> None:
-        self.events += chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+    def feed(self, chunk: bytes) -> int:
+        """Count ``chunk``; returns its events (``[DONE]`` not counted)."""
+        n = chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+        self.events += n
         m = _USAGE.search(chunk) if b"completion_tokens" in chunk else None
         if m is not None:
             self.usage = int(m.group(1))
+        return n
 
     @property
     def tokens(self) -> int:
@@ -111,6 +115,8 @@ class Flight:
         self.outcome: Outcome | None = None
         self.output_tokens: int | None = None
         """The tokens the engine generated, once known (``RequestFinished`` carries it)."""
+        self.token_gaps: TokenGaps | None = None
+        """A streamed answer's token intervals as relayed (its TBT is observed on completion)."""
         self._timer: asyncio.TimerHandle | None = None
         self._on_change = on_change
         """Called after each event that may free capacity (late binding's release)."""
@@ -206,6 +212,9 @@ class Flight:
         self._cancel_timer()
         if outcome is Outcome.COMPLETED:
             self._end_prefill()
+            tbt = self.token_gaps.tbt_s() if self.token_gaps is not None else None
+            if tbt is not None:
+                self.metrics.child(self.metrics.observed_tbt, self.plan.policy).observe(tbt)
             if self._same(self.decode, self._decode_state):
                 self.conductor.on_event(
                     RequestFinished(self.request_id, self.decode, self.clock(), self.output_tokens)

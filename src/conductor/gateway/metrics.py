@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from conductor.gateway.metrics_state import EngineSnapshot, StateCollector
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TBT_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09, 0.1, 0.125, 0.15,
+                 0.2, 0.3, 0.5, 1.0, 2.5)  # fmt: skip
 DECISION_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2)
 HOLD_BUCKETS_S = (0.0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """Late binding's hold times; the 0 bucket counts the requests placed at once."""
@@ -49,6 +51,7 @@ POOL_FAMILIES = (
     "decision_latency",
     "predicted_ttft",
     "observed_ttft",
+    "observed_tbt",
     "observed_prefill",
     "cache_hit_tokens",
     "prompt_tokens",
@@ -74,6 +77,7 @@ class PoolMetrics:
     decision_latency: Family
     predicted_ttft: Family
     observed_ttft: Family
+    observed_tbt: Family
     observed_prefill: Family
     cache_hit_tokens: Family
     prompt_tokens: Family
@@ -143,6 +147,14 @@ class GatewayMetrics:
             "TTFT observed by the gateway (scheduling to first streamed token)",
             [*m, "policy", "mode"],
             buckets=TTFT_BUCKETS_S,
+            registry=r,
+        )
+        self.observed_tbt = Histogram(
+            "conductor_observed_tbt_seconds",
+            "TBT of completed streamed answers as the gateway relayed them (FAST's: the mean "
+            "of the longest 10% of the token intervals)",
+            [*m, "policy"],
+            buckets=TBT_BUCKETS_S,
             registry=r,
         )
         self.observed_prefill = Histogram(

@@ -20,6 +20,7 @@ import httpx
 from conductor.gateway import json_codec
 from conductor.gateway.errors import UpstreamError, UpstreamTimeout
 from conductor.gateway.flight import Flight, Outcome, StreamTokens
+from conductor.gateway.stream_tbt import TokenGaps
 from conductor.gateway.upstream import Upstream, UpstreamResponse
 from conductor.web.errors import error_body
 from conductor.web.messages import Response, StreamResponse
@@ -205,17 +206,19 @@ async def relay(
     at_boundary = True
     error: bytes | None = None
     counted = StreamTokens()
+    gaps = flight.token_gaps = TokenGaps()
+    clock = flight.clock
     chunks = resp.chunks(deadline) if first is None else _chained(*first)
     try:
         async for chunk in chunks:
             if chunk:
-                counted.feed(chunk)
+                seen_s = clock()
+                gaps.mark(seen_s, counted.feed(chunk))
                 flight.output_tokens = counted.tokens
                 at_boundary = chunk.endswith(b"\n\n")
                 if flight.first_token_seen:
                     yield chunk
                 else:
-                    seen_s = flight.clock()
                     yield chunk
                     loop.call_soon(flight.first_token, seen_s)
         flight.close(Outcome.COMPLETED, soon=loop)
