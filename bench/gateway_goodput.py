@@ -32,7 +32,8 @@ the client stream every token). How late the engines' steps handed their tokens 
 average (``conductor_emulator_late_seconds_total`` over steps), is printed and kept per
 policy: the machine's own share of every token interval, which the simulator does not have;
 and the mean TBT of the completed streams as the gateway relayed them
-(``conductor_observed_tbt_seconds``) beside the client's and the simulated one. Figures only: nothing passes or fails on a timing.
+(``conductor_observed_tbt_seconds``) beside the client's and the simulated one. Figures
+only: nothing passes or fails on a timing.
 """
 
 from __future__ import annotations
