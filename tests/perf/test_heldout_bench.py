@@ -60,8 +60,14 @@ def test_cases_parse_and_bad_ones_are_named() -> None:
 def test_verdict_compares_with_the_best_and_the_fastest_peer() -> None:
     m = _bench()
 
-    def row(goodput: float, ttft: float) -> dict[str, float]:
-        return {"goodput_rps": goodput, "ttft_mean_s": ttft, "slo_attainment": 1.0, "rejected": 0}
+    def row(goodput: float, ttft: float, tbt_misses: float = 0.0) -> dict[str, float]:
+        return {
+            "goodput_rps": goodput,
+            "ttft_mean_s": ttft,
+            "slo_attainment": 1.0,
+            "rejected": 0,
+            "tbt_miss_share": tbt_misses,
+        }
 
     rows = {"conductor": row(4.0, 3.0), "sglang": row(3.2, 2.5), "llmd": row(3.6, 4.0)}
     v = m.verdict(rows)
@@ -73,3 +79,11 @@ def test_verdict_compares_with_the_best_and_the_fastest_peer() -> None:
     # ties at the printed precision count as ties
     tied = m.verdict({"conductor": row(2.4401, 0.181), "random": row(2.4398, 0.184)})
     assert tied["highest_goodput"] is True and tied["lowest_ttft"] is True
+    # TBT misses: within 1%, or no policy within it
+    assert v["tbt_misses_ok"] is True
+    over = {"conductor": row(4.0, 3.0, 0.012), "sglang": row(3.2, 2.5, 0.009)}
+    assert m.verdict(over)["tbt_misses_ok"] is False
+    everyone = {"conductor": row(4.0, 3.0, 0.03), "sglang": row(3.2, 2.5, 0.011)}
+    assert m.verdict(everyone)["tbt_misses_ok"] is True
+    edge = {"conductor": row(4.0, 3.0, 0.01), "sglang": row(3.2, 2.5, 0.0)}
+    assert m.verdict(edge)["tbt_misses_ok"] is True
