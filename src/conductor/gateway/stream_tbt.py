@@ -7,7 +7,6 @@ predicted (docs/gateway.md "Metrics")."""
 
 from __future__ import annotations
 
-import heapq
 import math
 
 TBT_TAIL = 0.1
@@ -22,7 +21,7 @@ def tail_mean(intervals: list[float]) -> float | None:
     k = max(1, math.ceil(n * TBT_TAIL))
     if k >= n:
         return sum(intervals) / n
-    return sum(heapq.nlargest(k, intervals)) / k
+    return sum(sorted(intervals)[-k:]) / k
 
 
 class TokenGaps:
