@@ -40,8 +40,9 @@ def test_two_policies_through_the_gateway_beside_the_simulator(tmp_path: Path) -
     lines = done.stdout.splitlines()
     header = ["goodput", "att.", "rej.", "TTFT", "s"]
     assert lines[1].split() == ["policy", *header, *header]
-    assert [line.split()[0] for line in lines[2:6:2]] == ["conductor", "round_robin"]
-    assert all("decode engines' steps handed out" in line for line in lines[3:7:2])
+    assert [line.split()[0] for line in lines[2:8:3]] == ["conductor", "round_robin"]
+    assert all("decode engines' steps handed out" in line for line in lines[3:9:3])
+    assert all("mean TBT as the gateway relayed it" in line for line in lines[4:10:3])
     result = json.loads(out.read_text())
     assert result["workload"] == {
         "kind": "agent", "requests": 4, "rate_rps": 2.5, "seed": 19, "speed": 4.0,
@@ -59,6 +60,9 @@ def test_two_policies_through_the_gateway_beside_the_simulator(tmp_path: Path) -
         for role in engines.values():
             assert role["steps"] > 0 and role["late_ms_per_step"] >= 0.0
             assert 0.0 <= role["prefix_hit_rate"] <= 1.0
+        relay = real["relay"]  # every answer streamed more than one token: 4 observed
+        assert relay["streams"] == 4 and relay["tbt_mean_ms"] > 0.0
+        assert relay["client_tbt_mean_ms"] == round(real["tbt_ms"]["mean"], 2)
 
 
 @pytest.mark.parametrize(
