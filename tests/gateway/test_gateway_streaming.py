@@ -262,9 +262,14 @@ async def test_the_scheduler_learns_the_real_completion_length(stream: bool) -> 
 
 def test_stream_token_count_prefers_usage() -> None:
     counted = StreamTokens()
-    counted.feed(b'data: {"choices": [{"text": "a"}]}\n\ndata: {"choices": [{"text": "b"}]}\n\n')
+    two = b'data: {"choices": [{"text": "a"}]}\n\ndata: {"choices": [{"text": "b"}]}\n\n'
+    assert counted.feed(two) == 2
     assert counted.tokens == 2
-    counted.feed(b'data: {"choices": [], "usage": {"completion_tokens": 7}}\n\ndata: [DONE]\n\n')
+    end = b'data: {"choices": [], "usage": {"completion_tokens": 7}}\n\ndata: [DONE]\n\n'
+    assert counted.feed(end) == 0  # no token in it: no gap for the TBT either
     assert counted.tokens == 7
+    last = b'data: {"choices":[{"text":"c"}],"usage":{"completion_tokens":8}}\n\n'
+    assert counted.feed(last) == 1
+    assert counted.tokens == 8
     assert completion_tokens(b'{"usage": {"completion_tokens": 5}}') == 5
     assert completion_tokens(b"not json") is None

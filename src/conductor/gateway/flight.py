@@ -32,6 +32,7 @@ from conductor.gateway.prefill_times import PrefillTimes
 from conductor.gateway.stream_tbt import TokenGaps
 
 _USAGE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 
 
 def completion_tokens(body: bytes) -> int | None:
@@ -58,12 +59,14 @@ class StreamTokens:
         self.usage: int | None = None
 
     def feed(self, chunk: bytes) -> int:
-        """Count ``chunk``; returns its events (``[DONE]`` not counted)."""
+        """Count ``chunk``; returns its token events (``[DONE]`` and a usage-only event with
+        no choices not counted)."""
         n = chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
-        self.events += n
         m = _USAGE.search(chunk) if b"completion_tokens" in chunk else None
         if m is not None:
             self.usage = int(m.group(1))
+            n -= len(_NO_CHOICES.findall(chunk))
+        self.events += n
         return n
 
     @property
