@@ -1,27 +1,12 @@
 """The TBT a streamed answer had as the gateway relayed it (:class:`TokenGaps`): FAST's
-definition, the mean of the longest 10% of its token intervals, as the simulator
-(:func:`conductor.sim.records.tail_mean_tbt`) and ``conductor replay`` measure it. The
-gateway observes it per completed stream (``conductor_observed_tbt_seconds``), so what the
+definition (:mod:`conductor.core.tbt`), as the simulator and ``conductor replay`` measure
+it. The gateway observes it per completed stream (``conductor_observed_tbt_seconds``), so what the
 engines deliver can be told from what reaches a client, and from what the scheduler
 predicted (docs/gateway.md "Metrics")."""
 
 from __future__ import annotations
 
-import math
-
-TBT_TAIL = 0.1
-"""FAST's TBT: the mean of this share (rounded up, at least one) of the longest intervals."""
-
-
-def tail_mean(intervals: list[float]) -> float | None:
-    """The mean of the longest ``ceil(TBT_TAIL x n)`` of ``intervals`` (None if empty)."""
-    n = len(intervals)
-    if n == 0:
-        return None
-    k = max(1, math.ceil(n * TBT_TAIL))
-    if k >= n:
-        return sum(intervals) / n
-    return sum(sorted(intervals)[-k:]) / k
+from conductor.core.tbt import tail_mean
 
 
 class TokenGaps:

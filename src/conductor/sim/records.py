@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from conductor.core.tbt import tail_count
 
 
 @dataclass(slots=True)
@@ -70,11 +71,12 @@ PROMPT_BUCKETS = (
 
 
 def tail_mean_tbt(intervals: np.ndarray) -> float:
-    """FAST §5.1: the mean of the longest 10% of a request's token intervals."""
+    """FAST §5.1: the mean of the longest 10% of a request's token intervals
+    (:func:`conductor.core.tbt.tail_mean`, on a numpy array)."""
     n = intervals.shape[0]
     if n == 0:
         return 0.0
-    k = max(1, math.ceil(n * 0.1))
+    k = tail_count(n)
     if k >= n:
         return float(intervals.mean())
     part = np.partition(intervals, n - k)[n - k :]

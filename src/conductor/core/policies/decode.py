@@ -14,17 +14,16 @@ none has room (the best effort is still returned so admission can report it).
 
 from __future__ import annotations
 
-import math
-
 from conductor.core.policies.base import DecodeChoice, PrefillChoice, SchedulingContext
 from conductor.core.state import InstanceState
+from conductor.core.tbt import tail_count
 from conductor.core.types import InstanceId
 
 
 def tbt_intervals(output_tokens: float) -> int:
     """``k``: how many of a request's longest token intervals its TBT averages (FAST: the
     longest 10%)."""
-    return max(1, math.ceil(0.1 * (output_tokens - 1)))
+    return tail_count(output_tokens - 1)
 
 
 def tbt_factor(output_tokens: float) -> float:
