@@ -216,10 +216,9 @@ async def relay(
                 gaps.mark(seen_s, counted.feed(chunk))
                 flight.output_tokens = counted.tokens
                 at_boundary = chunk.endswith(b"\n\n")
-                if flight.first_token_seen:
-                    yield chunk
-                else:
-                    yield chunk
+                first_token = not flight.first_token_seen
+                yield chunk
+                if first_token:
                     loop.call_soon(flight.first_token, seen_s)
         flight.close(Outcome.COMPLETED, soon=loop)
     except (TimeoutError, httpx.TimeoutException):
