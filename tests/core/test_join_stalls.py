@@ -9,6 +9,8 @@ requests are predicted to generate 10 tokens (k = 1).
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from conductor.core.config import SchedulerConfig
@@ -17,7 +19,7 @@ from conductor.core.events import PrefillFinished
 from conductor.core.plan import Plan
 from conductor.core.policies.join_stalls import join_stall_s
 from conductor.core.scheduler import Scheduler
-from conductor.core.state import DecodeState
+from conductor.core.state import JOIN_LOG, DecodeState
 from conductor.core.types import RequestId
 
 from .helpers import hashes, iid, make_conductor, req
@@ -34,6 +36,44 @@ def test_the_stall_share_is_the_top_k_of_the_window_over_k() -> None:
     assert join_stall_s(d, 10.0, 2.0, 5) == pytest.approx((0.2 + 0.3 + 0.1) / 5)
     assert join_stall_s(d, 10.0, 20.0, 1) == pytest.approx(0.5)
     assert join_stall_s(d, 10.0, 0.1, 1) == 0.0  # none in the last 0.1 s
+
+
+def _reference(log: list[tuple[float, float]], now_s: float, life_s: float, k: int) -> float:
+    """The share by its definition: the last JOIN_LOG joins, those of the window, the k
+    longest (newest first when fewer), summed, over k."""
+    recent = [s for t, s in reversed(log[-JOIN_LOG:]) if t >= now_s - life_s]
+    if not recent:
+        return 0.0
+    top = recent if len(recent) <= k else sorted(recent, reverse=True)[:k]
+    return sum(top) / k
+
+
+def test_the_share_equals_its_definition_over_a_long_log_and_repeated_questions() -> None:
+    """3,000 joins (the log forgets its oldest half twice over), each followed by questions
+    over windows and k's that repeat (the remembered share) and change; every answer equal,
+    to the bit, to the definition's; the log keeps the last JOIN_LOG joins."""
+    rng = random.Random(7)
+    d = DecodeState()
+    log: list[tuple[float, float]] = []
+    t = 0.0
+    for _ in range(3000):
+        t += rng.expovariate(50.0)
+        stall = rng.choice((0.0, rng.random() * 0.05))
+        d.record_join(t, stall)
+        if stall > 0.0:
+            log.append((t, stall))
+        for life, k in ((2.0, 3), (2.0, 3), (rng.random() * 20.0, rng.randint(1, 40)), (0.0, 1)):
+            assert join_stall_s(d, t, life, k) == _reference(log, t, life, k)
+    assert d.joins == log[-JOIN_LOG:]
+    assert JOIN_LOG <= len(d.join_times) <= 2 * JOIN_LOG
+
+
+def test_a_join_reported_out_of_order_keeps_the_log_sorted() -> None:
+    d = DecodeState()
+    d.record_join(5.0, 0.1)
+    d.record_join(4.0, 0.2)  # late: counted at the newest time
+    assert d.joins == [(5.0, 0.1), (5.0, 0.2)]
+    assert join_stall_s(d, 5.5, 1.0, 1) == 0.2
 
 
 def _started(c: Scheduler, rid: str, prompt: int, now: float) -> Plan:

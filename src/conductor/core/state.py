@@ -18,7 +18,6 @@ Invariants: ``queued_requests == len(_pred_s)``; ``_sum_pred_s == sum(_pred_s.va
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from conductor.core.types import InstanceId, RequestId, Role
@@ -120,10 +119,15 @@ class DecodeState:
     _kv: dict[RequestId, int] = field(default_factory=dict)
     _prompt: dict[RequestId, int] = field(default_factory=dict)
     _started: set[RequestId] = field(default_factory=set)
-    joins: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=JOIN_LOG))
-    """``(time, stall_s)`` of the latest requests whose decode started here, oldest first,
-    each with the seconds its KV load stalled the instance's step (``handoff="load"``; see
-    :mod:`conductor.core.policies.join_stalls`)."""
+    join_times: list[float] = field(default_factory=list)
+    """When the latest requests whose decode started here started, oldest first (never
+    decreasing); at least the last :data:`JOIN_LOG`, at most twice as many."""
+    join_stalls: list[float] = field(default_factory=list)
+    """The seconds each one's KV load stalled the instance's step (``handoff="load"``; see
+    :mod:`conductor.core.policies.join_stalls`), parallel to ``join_times``."""
+    stall_memo: tuple[int, int, int, float] = (-1, -1, -1, 0.0)
+    """``(first, end, k, share)``: the last stall share computed, of ``join_stalls[first:end]``
+    with ``k`` (:func:`~conductor.core.policies.join_stalls.join_stall_s`)."""
 
     @property
     def batch_size(self) -> int:
@@ -153,8 +157,22 @@ class DecodeState:
     def record_join(self, now_s: float, stall_s: float) -> None:
         """A request's decode started here at ``now_s``, its KV load stalling the step by
         ``stall_s`` (none: nothing to remember)."""
-        if stall_s > 0.0:
-            self.joins.append((now_s, stall_s))
+        if stall_s <= 0.0:
+            return
+        times = self.join_times
+        if times and now_s < times[-1]:
+            now_s = times[-1]  # an event out of order: the log stays sorted
+        if len(times) >= 2 * JOIN_LOG:  # forget the oldest half, at once
+            del times[:JOIN_LOG]
+            del self.join_stalls[:JOIN_LOG]
+            self.stall_memo = (-1, -1, -1, 0.0)
+        times.append(now_s)
+        self.join_stalls.append(stall_s)
+
+    @property
+    def joins(self) -> list[tuple[float, float]]:
+        """``(time, stall_s)`` of the last :data:`JOIN_LOG` joins, oldest first."""
+        return list(zip(self.join_times[-JOIN_LOG:], self.join_stalls[-JOIN_LOG:], strict=True))
 
     def progress(self, rid: RequestId, generated_tokens: int, expected_tokens: int) -> None:
         """``rid`` produced ``generated_tokens`` so far and is now expected to produce

@@ -94,9 +94,7 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
             continue
         step = step_s(batch + 1, reserved + need)
         tbt = step * factor
-        if stalls:
-            tbt += join_stall_s(d, ctx.now_s, out.mean * step, k)
-        key = tbt  # what the choice minimises: TBT, or with decode_first TBT + tail
+        tail = 0.0
         iid = spec.instance_id
         if iid != src:
             ingress = planned_in.get(iid, 0.0)
@@ -108,10 +106,19 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
                 tail = (ingress if ingress > base else base) + secs - end
             else:
                 tail = ingress + seconds - end if ingress > base else late
-            if tail > 0.0:
-                key += tail * per_tail
-                if not decode_first:
-                    tbt = key
+        if stalls:
+            # the stalls only add: an instance that loses without them loses with them
+            # (float addition is monotonic), so their window is not looked at
+            if room and best is not None:
+                least = tbt + tail * per_tail if tail > 0.0 else tbt
+                if least >= best_key:
+                    continue
+            tbt += join_stall_s(d, ctx.now_s, out.mean * step, k)
+        key = tbt  # what the choice minimises: TBT, or with decode_first TBT + tail
+        if tail > 0.0:
+            key += tail * per_tail
+            if not decode_first:
+                tbt = key
         if room:
             if best is None or key < best_key:
                 best, best_tbt, best_key = inst, tbt, key

@@ -17,10 +17,10 @@ model gives the stalls and the step, the output-length predictor ``E[out]``.
 
 from __future__ import annotations
 
-import heapq
+from bisect import bisect_left
 
 from conductor.core.policies.base import SchedulingContext
-from conductor.core.state import DecodeState
+from conductor.core.state import JOIN_LOG, DecodeState
 from conductor.core.types import InstanceId
 
 
@@ -36,18 +36,26 @@ def load_stall_s(ctx: SchedulingContext, prefill: InstanceId, decode: InstanceId
 def join_stall_s(d: DecodeState, now_s: float, life_s: float, k: int) -> float:
     """The stalls' share of TBT (``(s_1 + ... + s_min(J, k)) / k``) for a request that
     decodes on ``d`` from ``now_s`` for ``life_s`` seconds, from the joins of the last
-    ``life_s`` seconds; 0 when none joined."""
-    joins = d.joins
-    if not joins or k <= 0:
+    ``life_s`` seconds (of the last :data:`~conductor.core.state.JOIN_LOG`); 0 when none
+    joined. The window is found by bisection in the sorted log, and the share of the same
+    window and ``k`` is remembered (the decisions between two joins mostly ask for it again)."""
+    times = d.join_times
+    end = len(times)
+    if end == 0 or k <= 0:
         return 0.0
-    since = now_s - life_s
-    recent: list[float] = []
-    for i in range(len(joins) - 1, -1, -1):
-        t, stall = joins[i]
-        if t < since:
-            break
-        recent.append(stall)
-    if not recent:
+    first = bisect_left(times, now_s - life_s)
+    if first < end - JOIN_LOG:
+        first = end - JOIN_LOG
+    if first == end:
         return 0.0
-    top = recent if len(recent) <= k else heapq.nlargest(k, recent)
-    return sum(top) / k
+    memo = d.stall_memo
+    if memo[0] == first and memo[1] == end and memo[2] == k:
+        return memo[3]
+    recent = d.join_stalls[first:end]
+    recent.reverse()  # newest first, the order the shares were always summed in
+    if len(recent) > k:
+        recent.sort(reverse=True)
+        del recent[k:]
+    share = sum(recent) / k
+    d.stall_memo = (first, end, k, share)
+    return share
