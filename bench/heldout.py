@@ -21,6 +21,8 @@ and ``VARIANT`` changes one setting the parameters were not chosen at:
   (bench/gateway_goodput.py): no KV store between engines, the decode engine loads each
   hand-off's KV inside its step and makes the first token (``--no-kv-fetch --handoff load
   --first-token decode``);
+* ``colo``: 16 aggregated engines (``--prefill 0 --decode 0 --both 16``: each decodes what
+  it prefills, prefill chunks and decodes sharing its steps, as plain vLLM without P/D);
 * ``off``: no admission for anybody (placement alone);
 * ``costerr``: engines off the cost model (``--cost-error 0.3 --cost-bias 0.3``: every
   request's prefill and decode 30% slower than the model on average, times a lognormal
@@ -65,6 +67,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "h100": {"preset_name": "llama3-70b-h100x8"},
     "nofetch": {"kv_fetch": False},
     "serve": {"kv_fetch": False, "handoff": "load", "first_token": "decode"},
+    "colo": {"prefill": 0, "decode": 0, "both": 16},
 }
 """Each variant's change to ``hold_order.OPTIONS`` (``conductor compare``'s defaults)."""
 

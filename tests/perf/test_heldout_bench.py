@@ -52,6 +52,7 @@ def test_cases_parse_and_bad_ones_are_named() -> None:
         "h100",
         "nofetch",
         "serve",
+        "colo",
     }
     for case in m.parse_cases(m.DEFAULT_CASES):
         assert case.variant in m.VARIANTS

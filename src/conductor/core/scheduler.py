@@ -40,6 +40,7 @@ from conductor.core.policies import (
     SchedulingContext,
     make_policy,
 )
+from conductor.core.policies.colocated import colocated_stall_s
 from conductor.core.policies.decode import LeastTbtDecode
 from conductor.core.policies.join_stalls import load_stall_s
 from conductor.core.policies.registry import DEFAULT_POLICY
@@ -324,6 +325,10 @@ class Scheduler:
             out, rid = ctx.output, req.request_id
             self.forecast.add(rid, decode, ctx.now_s + pre.ttft_s, req.prompt_tokens, out)
             self.instances[decode].decode.admit(rid, req.prompt_tokens, int(out.mean))
+        if decode == pre.instance and cpp is None:
+            inst = self.instances[decode]
+            if inst.spec.role is Role.BOTH:  # its prefill stalls the decodes there
+                inst.decode.record_join(ctx.now_s, colocated_stall_s(ctx, pre))
         self._inflight[req.request_id] = InFlight(
             req,
             pre.instance,

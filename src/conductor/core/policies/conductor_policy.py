@@ -33,10 +33,12 @@ from typing import ClassVar
 
 from conductor.core.late_binding_rule import HOLD_AGE_WEIGHT, LateBinding
 from conductor.core.policies.base import DecodeChoice, PrefillChoice, SchedulingContext
+from conductor.core.policies.colocated import all_colocated, colocated_cost_s, colocated_tbt_s
 from conductor.core.policies.decode import least_tbt
 from conductor.core.policies.first_interval import first_interval_tbt
 from conductor.core.policies.registry import register
 from conductor.core.state import InstanceState
+from conductor.core.types import Role
 
 
 @register
@@ -59,34 +61,45 @@ class ConductorPolicy:
         holders = ctx.match.best_holders
         sole = holders[0] if len(holders) == 1 else None
         best_tokens = ctx.best_tokens()
-        estimates: dict[tuple[int, float | None, bool], tuple[float, float]] = {}
+        estimates: dict[tuple[int, float | None, bool], tuple[float, float, float]] = {}
         winner: InstanceState | None = None
-        winner_key = (0.0, 0.0, 0)
+        winner_key = (False, 0.0, 0.0, 0)
+        pool = ctx.prefill_pool
+        colocated = all_colocated(pool)
+        slo = ctx.request.tbt_slo_s or ctx.config.tbt_slo_s
         winner_fetches = False
         # transfers requested by now are booked before the first fetch is priced, whether
         # or not that fetch's NIC wait is then read
         nic = ctx.nic
         booked = nic is None
-        for inst in ctx.prefill_pool:
+        for inst in pool:
             spec = inst.spec
             iid = spec.instance_id
             k = (local_blocks(iid, 0), spec.nic_bytes_per_s, iid == sole or not spec.pulls_kv)
             est = estimates.get(k)
             if est is None:
                 est = estimates[k] = _estimate(ctx, best_tokens, *k)
-            local, fetch = est
+            local, fetch, fetch_compute = est
             queue = inst.prefill.queue_s(now)
+            # in a pool with `both` and other instances, a `both` one whose decodes would
+            # miss the TBT SLO (its prefills' stalls included) goes after the others
+            over = not colocated and spec.role is Role.BOTH and colocated_tbt_s(ctx, inst) > slo
             if fetch < local:  # the NIC wait (>= 0) matters only to a fetch that can win
                 if not booked:
                     assert nic is not None
                     nic.release_due(now)
                     booked = True
-                if winner is not None and queue + fetch > winner_key[0]:
+                if not colocated and winner is not None and (over, queue + fetch) > winner_key[:2]:
                     continue  # loses, whatever its wait (local >= fetch here)
                 fetch += ctx.nic_wait_s(ctx.fetch_source(iid), iid)
             fetches = fetch < local
             rest = fetch if fetches else local
-            key = (queue + rest, queue, inst.prefill.queued_tokens)
+            if colocated:
+                compute = fetch_compute if fetches else local
+                cost = colocated_cost_s(ctx, inst, queue + rest, compute)
+            else:
+                cost = queue + rest
+            key = (over, cost, queue, inst.prefill.queued_tokens)
             if winner is None or key < winner_key:
                 winner, winner_key, winner_fetches = inst, key, fetches
         assert winner is not None, "prefill pool is empty"
@@ -107,15 +120,14 @@ def _estimate(
     local_blocks: int,
     nic_bytes_per_s: float | None,
     no_fetch: bool,
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """(TTFT - queue) computing locally, and fetching first (inf when there is nothing to
     fetch, or ``no_fetch``: the instance holds the only copy or cannot pull KV; the NIC wait
-    is the caller's, per instance)."""
+    is the caller's, per instance), and the fetch's compute alone."""
     local = ctx.tokens(local_blocks)
     compute_local = ctx.prefill_s(local)
     if best_tokens > local and not no_fetch:
-        fetch = ctx.cost.transfer_s(best_tokens - local, nic_bytes_per_s) + ctx.prefill_s(
-            best_tokens
-        )
-        return compute_local, fetch
-    return compute_local, math.inf
+        compute = ctx.prefill_s(best_tokens)
+        fetch = ctx.cost.transfer_s(best_tokens - local, nic_bytes_per_s) + compute
+        return compute_local, fetch, compute
+    return compute_local, math.inf, math.inf
