@@ -10,7 +10,8 @@ Every parameter of ``conductor`` was chosen on ``conductor trace synth`` workloa
 and ``VARIANT`` changes one setting the parameters were not chosen at:
 
 * ``base``: ``conductor compare``'s defaults (8P+8D, TTFT SLO 30 s, TBT SLO 100 ms);
-* ``tbt60``: TBT SLO 60 ms;
+* ``tbt60`` / ``tbt50``: TBT SLO 60 / 50 ms (the default cost model's smallest decode
+  step is 44 ms);
 * ``ttft10``: TTFT SLO 10 s;
 * ``4p4d`` / ``8p4d`` / ``4p8d``: 4 prefill + 4 decode / 8 prefill + 4 decode / 4 prefill
   + 8 decode instances;
@@ -58,6 +59,7 @@ from conductor.workload.trace import generated_tokens, records_to_requests
 VARIANTS: dict[str, dict[str, object]] = {
     "base": {},
     "tbt60": {"tbt_slo_ms": 60.0},
+    "tbt50": {"tbt_slo_ms": 50.0},
     "ttft10": {"ttft_slo_s": 10.0},
     "4p4d": {"prefill": 4, "decode": 4},
     "8p4d": {"decode": 4},

@@ -18,6 +18,7 @@ from conductor.core.late_binding import HoldQueue
 from conductor.core.late_binding_rule import (
     CLAIM_LAG_FLOOR_S,
     HOLD_AGE_WEIGHT,
+    HOLD_HEADROOM_MARGIN,
     LateBinding,
     claim_lag_s,
     late_binding_of,
@@ -31,16 +32,17 @@ PLAIN = LateBinding(horizon_s=0.0, decode_aware=False, nic_aware=False)
 
 
 def test_conductor_brings_late_binding_and_a_run_can_switch_it_off() -> None:
+    h = HOLD_HEADROOM_MARGIN
     on = make_conductor(1, 1, policy="conductor")
-    assert late_binding_of(on) == LateBinding(0.0, True, 0.1, True, HOLD_AGE_WEIGHT, True)
+    assert late_binding_of(on) == LateBinding(0.0, True, 0.1, True, HOLD_AGE_WEIGHT, True, h)
     fifo = {"late_binding_age_weight": math.inf}
     by_deadline = make_conductor(1, 1, policy="conductor", policy_params=fifo)
-    assert late_binding_of(by_deadline) == LateBinding(0.0, True, 0.1, True, math.inf, True)
+    assert late_binding_of(by_deadline) == LateBinding(0.0, True, 0.1, True, math.inf, True, h)
     off = make_conductor(1, 1, policy="conductor", policy_params={"late_binding": 0.0})
     assert late_binding_of(off) is None
     wide = make_conductor(1, 1, policy="conductor", policy_params={"late_binding_horizon_s": 2.0})
-    assert late_binding_of(wide) == LateBinding(2.0, True, 0.1, True, HOLD_AGE_WEIGHT, True)
-    keep = {"late_binding_reject_ahead": 0.0}
+    assert late_binding_of(wide) == LateBinding(2.0, True, 0.1, True, HOLD_AGE_WEIGHT, True, h)
+    keep = {"late_binding_reject_ahead": 0.0, "late_binding_headroom_margin": 1.0}
     lenient = make_conductor(1, 1, policy="conductor", policy_params=keep)
     assert late_binding_of(lenient) == LateBinding(0.0, True, 0.1, True, HOLD_AGE_WEIGHT, False)
     assert late_binding_of(make_conductor(1, 1, policy="mooncake")) is None
@@ -48,6 +50,8 @@ def test_conductor_brings_late_binding_and_a_run_can_switch_it_off() -> None:
         LateBinding(-1.0)
     with pytest.raises(ValueError, match=r"age_weight must be >= 0, got -0\.1"):
         LateBinding(0.0, age_weight=-0.1)
+    with pytest.raises(ValueError, match=r"headroom_margin must be in \[0, 1\], got 1\.5"):
+        LateBinding(0.0, headroom_margin=1.5)
 
 
 def test_a_request_waits_until_the_instance_is_predicted_free() -> None:
@@ -121,6 +125,31 @@ def test_the_margin_holds_a_request_whose_predicted_tbt_is_near_the_slo() -> Non
     (plan,) = loose.submit(req("r2", hashes(), 40), 0.0)
     assert isinstance(plan, Plan)
     assert plan.predicted_tbt_s == pytest.approx(0.097 * 1.025)
+
+
+def test_near_the_smallest_step_the_margin_is_taken_of_the_headroom() -> None:
+    """Requests are predicted to generate 10 tokens: TBT = step x 1.5. Alone on an idle
+    instance r1's TBT would be 11 ms x 1.5 = 16.5 ms. TBT SLO 21 ms: 90% of it (18.9 ms)
+    leaves 2.4 ms for load; the headroom limit is 16.5 + 0.7 x (21 - 16.5) = 19.65 ms.
+    With 2 requests running on d0 r1's TBT is 13 ms x 1.5 = 19.5 ms: held by the margin
+    of the SLO, placed with the headroom margin. With a 15 ms SLO no load could bring it
+    under either limit (16.5 ms alone): it is not held at all."""
+    for slo, rule, placed in (
+        (0.021, LateBinding(0.0, tbt_margin=0.1, nic_aware=False), False),
+        (0.021, LateBinding(0.0, tbt_margin=0.1, nic_aware=False, headroom_margin=0.3), True),
+        (0.015, LateBinding(0.0, tbt_margin=0.1, nic_aware=False, headroom_margin=0.3), True),
+        (0.015, LateBinding(0.0, tbt_margin=0.1, nic_aware=False), True),
+    ):
+        c = make_conductor(1, 1, policy="conductor", admission="off", tbt_slo_s=slo)
+        d0 = c.instances[iid("d0")].decode
+        for i in range(2):
+            d0.admit(RequestId(f"x{i}"), 1, 0, started=True)
+        got = HoldQueue(c, rule).submit(req("r1", hashes(), 40), 0.0)
+        if not placed:
+            assert got == [], (slo, rule)
+            continue
+        (plan,) = got
+        assert isinstance(plan, Plan) and plan.predicted_tbt_s == pytest.approx(0.0195)
 
 
 def test_a_short_output_is_not_held_for_its_own_first_interval() -> None:

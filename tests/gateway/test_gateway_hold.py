@@ -354,6 +354,7 @@ async def test_the_rule_drops_only_the_nic_condition() -> None:
         "horizon_s": 0.0,
         "decode_aware": True,
         "tbt_margin": 0.1,
+        "headroom_margin": 0.3,
         "nic_aware": False,
     }
     assert not any(s.spec.pulls_kv for s in split.conductor.instances.values())

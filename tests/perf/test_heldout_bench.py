@@ -43,6 +43,7 @@ def test_cases_parse_and_bad_ones_are_named() -> None:
     assert set(m.VARIANTS) == {
         "base",
         "tbt60",
+        "tbt50",
         "ttft10",
         "4p4d",
         "8p4d",

@@ -4,14 +4,21 @@
 It may when the instance's predicted TBT with every request already assigned to it —
 decoding, or still in prefill, at the context it will reach — plus this one
 (:attr:`~conductor.core.policies.base.DecodeChoice.tbt_s`, the hand-off's tail included) is
-within ``1 - tbt_margin`` of the TBT SLO, with KV room and a batch slot. (Judging instead the
+within a limit, with KV room and a batch slot. The limit is ``1 - tbt_margin`` of the TBT
+SLO, or, where the SLO sits close to the smallest TBT the request can have (``idle``: alone
+on an idle instance, at the context it will reach), ``idle + (1 - headroom_margin) x (SLO -
+idle)`` if that is larger: a margin of the SLO would leave no room for load (TBT SLO 50 ms
+over a 44 ms step: 1 ms) and the queue would hold every request until its TTFT budget ran
+out. (Judging instead the
 load the request will meet from its predicted join to its predicted end, with the decode
 forecast, was measured and not kept: docs/policies.md.)
 
 A request whose TTFT budget is about to run out is released anyway (admission
-decides), and a request with ``max_tokens`` is read with the first-interval factor of the
-same request without it (a short ``max_tokens`` makes its own TBT mostly its first interval,
-which waiting does not shorten).
+decides), so is one whose TBT would be over the SLO even alone on an idle instance
+(waiting cannot bring it under), and a request
+with ``max_tokens`` is read with the first-interval factor of the same request without it
+(a short ``max_tokens`` makes its own TBT mostly its first interval, which waiting does
+not shorten).
 """
 
 from __future__ import annotations
@@ -52,4 +59,11 @@ def _fits(sched: Scheduler, rule: LateBinding, prepared: Prepared, now_s: float)
         free = replace(req, max_tokens=None)
         typical = sched.lengths.estimate(free, output_cap(free, sched.config.context_tokens))
         scale = tbt_factor(typical.mean) / tbt_factor(ctx.output.mean)
-    return has_room(ctx, inst) and dec.tbt_s * scale <= slo * (1.0 - rule.tbt_margin)
+    out = ctx.output.mean
+    idle = ctx.cost.decode_step_s(1, int(req.prompt_tokens + out)) * tbt_factor(out) * scale
+    limit = max(slo * (1.0 - rule.tbt_margin), idle + (1.0 - rule.headroom_margin) * (slo - idle))
+    if has_room(ctx, inst) and dec.tbt_s * scale <= limit:
+        return True
+    # waiting helps only if the pool can drain under the SLO: not when even an idle
+    # instance (this request alone, nothing reserved, no hand-off tail) would be over it
+    return idle > slo

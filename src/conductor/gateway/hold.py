@@ -270,6 +270,7 @@ class Hold:
                 "horizon_s": rule.horizon_s,
                 "decode_aware": rule.decode_aware,
                 "tbt_margin": rule.tbt_margin,
+                "headroom_margin": rule.headroom_margin,
                 "nic_aware": rule.nic_aware,
             },
             "held_requests": len(self._waiting),

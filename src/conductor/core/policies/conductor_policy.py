@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from conductor.core.late_binding_rule import HOLD_AGE_WEIGHT, LateBinding
+from conductor.core.late_binding_rule import HOLD_AGE_WEIGHT, HOLD_HEADROOM_MARGIN, LateBinding
 from conductor.core.policies.base import DecodeChoice, PrefillChoice, SchedulingContext
 from conductor.core.policies.colocated import all_colocated, colocated_cost_s, colocated_tbt_s
 from conductor.core.policies.decode import least_tbt
@@ -46,7 +46,11 @@ class ConductorPolicy:
     name: ClassVar[str] = "conductor"
     config_defaults: ClassVar[dict[str, object]] = {"admission": "early", "cpp_enabled": True}
     late_binding: ClassVar[LateBinding] = LateBinding(
-        horizon_s=0.0, tbt_margin=0.1, age_weight=HOLD_AGE_WEIGHT, reject_ahead=True
+        horizon_s=0.0,
+        tbt_margin=0.1,
+        age_weight=HOLD_AGE_WEIGHT,
+        reject_ahead=True,
+        headroom_margin=HOLD_HEADROOM_MARGIN,
     )
 
     def choose_prefill(self, ctx: SchedulingContext) -> PrefillChoice:
