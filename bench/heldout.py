@@ -24,6 +24,8 @@ and ``VARIANT`` changes one setting the parameters were not chosen at:
   --first-token decode``);
 * ``colo``: 16 aggregated engines (``--prefill 0 --decode 0 --both 16``: each decodes what
   it prefills, prefill chunks and decodes sharing its steps, as plain vLLM without P/D);
+* ``cache300k``: prefill instances' prefix caches of 300,000 tokens instead of 3M
+  (``--cache-tokens 300000``: a few long documents each);
 * ``off``: no admission for anybody (placement alone);
 * ``costerr``: engines off the cost model (``--cost-error 0.3 --cost-bias 0.3``: every
   request's prefill and decode 30% slower than the model on average, times a lognormal
@@ -70,6 +72,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "nofetch": {"kv_fetch": False},
     "serve": {"kv_fetch": False, "handoff": "load", "first_token": "decode"},
     "colo": {"prefill": 0, "decode": 0, "both": 16},
+    "cache300k": {"cache_tokens": 300_000},
 }
 """Each variant's change to ``hold_order.OPTIONS`` (``conductor compare``'s defaults)."""
 
