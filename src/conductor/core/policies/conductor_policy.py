@@ -12,6 +12,12 @@ it keeps the choice right when a transfer is slow, e.g. a congested or cross-rac
 the fewest queued tokens, then pool order. The fetch becomes a replica on ``p`` (hot-spot
 migration, lines 20-21).
 
+On a pool of only ``role=both`` instances (aggregated engines: each decodes what it
+prefills, and a prompt's chunks stall the decodes sharing its steps) the key is
+``TTFT(i) + TBT(i) + B_i x stall_i / k`` instead (:func:`~conductor.core.policies.colocated.
+colocated_cost_s`); in a mixed pool a ``both`` instance whose decodes would miss the TBT SLO
+goes after the others.
+
 Decode: the lowest predicted TBT with the KV hand-off's tail in the first interval
 (:mod:`conductor.core.policies.first_interval`). Late binding (``late_binding``,
 :mod:`conductor.core.late_binding`): requests are held, shortest prefill first with aging
