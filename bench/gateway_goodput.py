@@ -2,11 +2,12 @@
 emulated prefill/decode cluster, side by side, beside what the simulator predicts.
 
     python bench/gateway_goodput.py [--kind agent] [--requests 600] [--speed 12] [--seed 19]
-        [--prefill 4] [--decode 8] [--policies conductor,mooncake,...] [--json OUT]
+        [--prefill 4] [--decode 8] [--both 0] [--policies conductor,mooncake,...] [--json OUT]
 
 What runs, per policy (fresh processes each time, so every policy starts from cold caches):
 
-1. ``--prefill`` + ``--decode`` ``conductor emulate`` engines of those roles, timed by the cost
+1. ``--prefill`` + ``--decode`` (+ ``--both``: aggregated engines, each decoding what it
+   prefills) ``conductor emulate`` engines of those roles, timed by the cost
    model ``--preset`` (the simulator's default cluster: Llama-3-70B on 8 x A800 per instance),
    each with the simulator's engine shape: KV room of the preset in 32-token blocks, 8,192
    batched tokens per step, 256 sequences, chunked prefill (docs/emulator.md; they form their
@@ -116,7 +117,7 @@ def start_engines(args: Any, work: Path) -> list[Emulated]:
     kv_blocks = preset(args.preset).kv_capacity_tokens // BLOCK
     engines: list[Emulated] = []
     try:
-        for role, n in (("prefill", args.prefill), ("decode", args.decode)):
+        for role, n in (("prefill", args.prefill), ("decode", args.decode), ("both", args.both)):
             for i in range(n):
                 name = f"{role[0]}{i}"
                 port, kv, rp = fc.free_ports(3)
@@ -192,7 +193,7 @@ def engine_figures(engines: Sequence[Emulated]) -> dict[str, Any]:
     tokens went out on average (the machine's share of every token interval, which the
     simulator does not have) and their prefix-cache hit rate."""
     out: dict[str, Any] = {}
-    for role in ("prefill", "decode"):
+    for role in sorted({e.role for e in engines}, key=("prefill", "decode", "both").index):
         sums = dict.fromkeys(ENGINE_METRICS, 0.0)
         for e in (e for e in engines if e.role == role):
             for name, value in fc.metric_sums(e.url, ENGINE_METRICS).items():
@@ -227,7 +228,7 @@ def gateway_figures(url: str, real: dict[str, Any]) -> dict[str, Any]:
 def simulated(trace: Path, speed: float, policy: str, args: Any) -> dict[str, Any]:
     cost = preset(args.preset)
     shape = EngineShape(
-        n=0,
+        n=args.both,
         n_prefill=args.prefill,
         n_decode=args.decode,
         max_num_batched_tokens=MAX_BATCHED_TOKENS,
@@ -267,14 +268,20 @@ def main() -> int:
     ap.add_argument("--speed", type=float, default=12.0)
     ap.add_argument("--prefill", type=int, default=4)
     ap.add_argument("--decode", type=int, default=8)
+    ap.add_argument("--both", type=int, default=0)
     ap.add_argument("--preset", default=DEFAULT_PRESET)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    for flag, value in (("--requests", args.requests), ("--prefill", args.prefill),
-                        ("--decode", args.decode)):  # fmt: skip
-        if value < 1:
-            ap.error(f"{flag} must be >= 1, got {value}")
+    if args.both < 0:
+        ap.error(f"--both must be >= 0, got {args.both}")
+    least = 0 if args.both else 1  # with aggregated engines the P/D pools may be empty
+    for flag, value, low in (("--requests", args.requests, 1), ("--prefill", args.prefill, least),
+                             ("--decode", args.decode, least)):  # fmt: skip
+        if value < low:
+            ap.error(f"{flag} must be >= {low}, got {value}")
+    if bool(args.prefill) != bool(args.decode):
+        ap.error(f"--prefill and --decode go together, got {args.prefill} and {args.decode}")
     if not args.speed > 0:
         ap.error(f"--speed must be > 0, got {args.speed}")
     policies = [p for p in args.policies.split(",") if p]
@@ -310,6 +317,7 @@ def main() -> int:
         "cluster": {
             "prefill": args.prefill,
             "decode": args.decode,
+            "both": args.both,
             "preset": args.preset,
             "block_tokens": BLOCK,
             "max_batched_tokens": MAX_BATCHED_TOKENS,
@@ -339,8 +347,10 @@ def main() -> int:
         real["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
         result["policies"][policy] = {"gateway": real, "sim": sim}
         print(row(policy, real, sim), flush=True)
-        late = real["engines"]["decode"]["late_ms_per_step"]
-        print(f"{'':<18} decode engines' steps handed out {late} ms late on average", flush=True)
+        decoding = "decode" if "decode" in real["engines"] else "both"
+        late = real["engines"][decoding]["late_ms_per_step"]
+        print(f"{'':<18} {decoding} engines' steps handed out {late} ms late on average",
+              flush=True)  # fmt: skip
         relay = real["relay"]
         print(f"{'':<18} mean TBT as the gateway relayed it {relay['tbt_mean_ms']} ms, at the "
               f"client {relay['client_tbt_mean_ms']} ms, simulated "

@@ -69,6 +69,8 @@ def test_two_policies_through_the_gateway_beside_the_simulator(tmp_path: Path) -
     ("args", "message"),
     [
         (["--decode", "0"], "error: --decode must be >= 1, got 0"),
+        (["--both", "-1"], "error: --both must be >= 0, got -1"),
+        (["--both", "2", "--decode", "0"], "--prefill and --decode go together, got 4 and 0"),
         (["--policies", ","], "error: --policies names no policy: ','"),
         (["--policies", "conductor,bogus"], "got 'bogus'"),
     ],
