@@ -24,6 +24,8 @@ and ``VARIANT`` changes one setting the parameters were not chosen at:
   --first-token decode``);
 * ``colo``: 16 aggregated engines (``--prefill 0 --decode 0 --both 16``: each decodes what
   it prefills, prefill chunks and decodes sharing its steps, as plain vLLM without P/D);
+* ``colonofetch``: ``colo`` without a KV store between engines (``--no-kv-fetch``: each
+  reuses only its own cache, as behind ``conductor serve``);
 * ``cache300k``: prefill instances' prefix caches of 300,000 tokens instead of 3M
   (``--cache-tokens 300000``: a few long documents each);
 * ``off``: no admission for anybody (placement alone);
@@ -72,6 +74,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "nofetch": {"kv_fetch": False},
     "serve": {"kv_fetch": False, "handoff": "load", "first_token": "decode"},
     "colo": {"prefill": 0, "decode": 0, "both": 16},
+    "colonofetch": {"prefill": 0, "decode": 0, "both": 16, "kv_fetch": False},
     "cache300k": {"cache_tokens": 300_000},
 }
 """Each variant's change to ``hold_order.OPTIONS`` (``conductor compare``'s defaults)."""

@@ -1,5 +1,6 @@
 """``role=both`` instances: a prompt prefilled there stalls the requests decoding there
-(``conductor.core.policies.colocated``), and ``conductor`` places by what that costs.
+(``conductor.core.policies.colocated``), and ``conductor`` places by what that costs, each
+delay over its SLO (TTFT 30 s, TBT 100 ms).
 
 Cost model (helpers): prefill 1 ms per new token (one pass, ``prefill_s(1, 0)``, 1 ms),
 decode step 10 ms + 1 ms per request, block 4 tokens; requests are predicted to generate 10
@@ -51,8 +52,8 @@ def _place(c: Scheduler, rid: str, now: float = 1.0) -> Plan:
 
 def test_a_prefill_placed_on_a_both_instance_is_recorded_as_a_stall_of_its_decodes() -> None:
     """400 new tokens: 400 ms of prefill, 399 ms beyond the pass the decodes run anyway.
-    The two idle instances cost the same (TTFT 0.4 s + TBT 16.5 ms); the first in pool
-    order is taken."""
+    The two idle instances cost the same (0.4 s / 30 s + 16.5 ms / 100 ms); the first in
+    pool order is taken."""
     c = _cluster(("b0", Role.BOTH), ("b1", Role.BOTH))
     plan = _place(c, "r1")
     assert (plan.prefill, plan.decode) == (iid("b0"), iid("b0"))
@@ -65,9 +66,10 @@ def test_a_prefill_placed_on_a_both_instance_is_recorded_as_a_stall_of_its_decod
 def test_the_prefix_holder_loses_when_its_decodes_would_pay_for_the_prefill() -> None:
     """b0 holds half the prompt (200 ms of prefill left, against 400 ms on b1) but runs 5
     decodes and was stalled 0.5 s at t=0.9, within the new request's 10 x 16 ms decode.
-    Cost on b0: TTFT 0.2 s, TBT 24 ms + 0.5 s stall, 5 x 199 ms added to its decodes' TBT:
-    1.719 s; on b1: 0.4 s + 16.5 ms = 0.4165 s: b1, with the TBT it predicts there. Placed
-    by TTFT alone (another policy, or a pool that is not all `both`) it would go to b0."""
+    Cost on b0: TTFT 0.2 s / 30 s, plus (TBT 24 ms + 0.5 s stall + 5 x 199 ms added to its
+    decodes' TBT) / 100 ms = 15.197; on b1: 0.4 / 30 + 16.5 / 100 = 0.178: b1, with the TBT
+    it predicts there. Placed by TTFT alone (another policy, or a pool that is not all
+    `both`) it would go to b0."""
     c = _cluster(("b0", Role.BOTH), ("b1", Role.BOTH))
     c.on_event(BlocksStored(iid("b0"), PROMPT[:50], Tier.GPU))
     _busy(c, "b0", 5, 0.9, 0.5)
@@ -87,11 +89,11 @@ def test_the_prefix_holder_loses_when_its_decodes_would_pay_for_the_prefill() ->
 
 def test_a_stall_outside_the_request_s_decode_does_not_count() -> None:
     """The same, stalled at t=0.5: outside the 0.16 s the request would decode on b0.
-    Cost on b0: 0.2 s + 24 ms + 5 x 199 ms = 1.219 s, still above b1's 0.4165 s; with one
-    decode there instead of five, 0.2 s + 12 ms x 1.5 + 199 ms = 0.417 s, against b1's
-    0.4165 s: b1 by half a millisecond; with three quarters of the prompt held, 0.1 s +
-    18 ms + 99 ms = 0.217 s: b0."""
-    for held, decoding, want in ((50, 5, "b1"), (50, 1, "b1"), (75, 1, "b0")):
+    Cost on b0: 0.2 / 30 + (24 ms + 5 x 199 ms) / 100 ms = 10.197, still above b1's 0.178;
+    with one decode there instead of five, 0.2 / 30 + (18 ms + 199 ms) / 100 ms = 2.177:
+    b1 still (its 199 ms stall is one request's whole TBT); with nobody decoding there,
+    0.2 / 30 + 16.5 / 100 = 0.172 against 0.178: b0, the half-cached one."""
+    for held, decoding, want in ((50, 5, "b1"), (50, 1, "b1"), (50, 0, "b0")):
         c = _cluster(("b0", Role.BOTH), ("b1", Role.BOTH))
         c.on_event(BlocksStored(iid("b0"), PROMPT[:held], Tier.GPU))
         _busy(c, "b0", decoding, 0.5, 0.5)

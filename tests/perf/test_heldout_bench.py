@@ -54,6 +54,7 @@ def test_cases_parse_and_bad_ones_are_named() -> None:
         "nofetch",
         "serve",
         "colo",
+        "colonofetch",
         "cache300k",
     }
     for case in m.parse_cases(m.DEFAULT_CASES):

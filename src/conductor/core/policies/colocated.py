@@ -65,17 +65,22 @@ def all_colocated(pool: Sequence[InstanceState]) -> bool:
 def colocated_cost_s(
     ctx: SchedulingContext, inst: InstanceState, ttft_s: float, compute_s: float
 ) -> float:
-    """What placing the request on the ``both`` instance ``inst`` costs, in seconds of
-    delay to the requests there: its own TTFT (``ttft_s``), its predicted TBT there
-    (:func:`colocated_tbt_s`), and what its prefill (``compute_s``, of which the stall is
-    what lies beyond one pass) adds to the TBT of each of the ``B`` requests decoding there,
-    ``stall / k``. The last term is LMetric's ``new work x load`` in TBT's units: it keeps
-    ``conductor``'s prefills, on a pool of ``both`` instances, from piling onto the
-    instance that holds their prefix while its decodes miss their TBT."""
+    """What placing the request on the ``both`` instance ``inst`` costs the requests there,
+    each delay as a share of its SLO: its own TTFT (``ttft_s``) over the TTFT SLO; over the
+    TBT SLO, its own predicted TBT there (:func:`colocated_tbt_s`) and what its prefill
+    (``compute_s``, of which the stall is what lies beyond one pass) adds to the TBT of each
+    of the ``B`` requests decoding there, ``stall / k``. The last term is LMetric's ``new
+    work x load`` in TBT's units: it keeps ``conductor``'s prefills, on a pool of ``both``
+    instances, from piling onto the instance that holds their prefix while its decodes miss
+    their TBT; measured against the SLOs, a second of TTFT weighs what it costs the
+    attainment (1/30 of a 30 s budget), not what a second of TBT does (ten 100 ms budgets)."""
+    req = ctx.request
     out = ctx.output.mean
     stall = max(0.0, compute_s - ctx.cost.prefill_s(1, 0))
     share = inst.decode.batch_size * stall / tbt_intervals(out)
-    return ttft_s + colocated_tbt_s(ctx, inst) + share
+    ttft_slo = req.ttft_slo_s or ctx.config.ttft_slo_s
+    tbt_slo = req.tbt_slo_s or ctx.config.tbt_slo_s
+    return ttft_s / ttft_slo + (colocated_tbt_s(ctx, inst) + share) / tbt_slo
 
 
 class ColocatedDecode:

@@ -14,7 +14,7 @@ migration, lines 20-21).
 
 On a pool of only ``role=both`` instances (aggregated engines: each decodes what it
 prefills, and a prompt's chunks stall the decodes sharing its steps) the key is
-``TTFT(i) + TBT(i) + B_i x stall_i / k`` instead
+``TTFT(i) / TTFT_SLO + (TBT(i) + B_i x stall_i / k) / TBT_SLO`` instead
 (:func:`~conductor.core.policies.colocated.colocated_cost_s`); in a mixed pool a ``both``
 instance whose decodes would miss the TBT SLO goes after the others.
 
