@@ -31,7 +31,7 @@ from conductor.core.state import InstanceState
 from conductor.core.types import Role
 
 
-def colocated_tbt_s(ctx: SchedulingContext, inst: InstanceState, own_s: float = 0.0) -> float:
+def colocated_tbt_s(ctx: SchedulingContext, inst: InstanceState) -> float:
     """The request's predicted TBT decoding on ``inst`` where it is prefilled: the decode
     step with it added (every assigned request at the context it will reach) times the
     first-interval factor, plus the share of the prefill stalls it will sit through."""
@@ -43,15 +43,18 @@ def colocated_tbt_s(ctx: SchedulingContext, inst: InstanceState, own_s: float = 
     tbt = step * tbt_factor(out)
     if d.join_times:
         tbt += join_stall_s(d, ctx.now_s, out * step, tbt_intervals(out))
-    if own_s > 0.0:
-        tbt += own_s / tbt_intervals(out)
     return tbt
 
 
 def colocated_stall_s(ctx: SchedulingContext, prefill: PrefillChoice) -> float:
     """What ``prefill`` adds to the steps of the requests decoding on its ``both``
     instance: its predicted compute beyond the pass those steps run anyway."""
-    return max(0.0, prefill.prefill_s - ctx.cost.prefill_s(1, 0))
+    return _beyond_one_pass(ctx, prefill.prefill_s)
+
+
+def _beyond_one_pass(ctx: SchedulingContext, compute_s: float) -> float:
+    """A prefill's compute beyond the pass the decodes sharing its steps run anyway."""
+    return max(0.0, compute_s - ctx.cost.prefill_s(1, 0))
 
 
 def all_colocated(pool: Sequence[InstanceState]) -> bool:
@@ -76,7 +79,7 @@ def colocated_cost_s(
     attainment (1/30 of a 30 s budget), not what a second of TBT does (ten 100 ms budgets)."""
     req = ctx.request
     out = ctx.output.mean
-    stall = max(0.0, compute_s - ctx.cost.prefill_s(1, 0))
+    stall = _beyond_one_pass(ctx, compute_s)
     share = inst.decode.batch_size * stall / tbt_intervals(out)
     ttft_slo = req.ttft_slo_s or ctx.config.ttft_slo_s
     tbt_slo = req.tbt_slo_s or ctx.config.tbt_slo_s
