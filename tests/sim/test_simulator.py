@@ -160,6 +160,63 @@ def test_lru_cache_evicts_oldest_and_keeps_chain() -> None:
     assert c.prefix_blocks(h) == 3 and len(c) == 3
 
 
+def test_a_running_prefill_holds_room_in_the_cache_until_it_stores() -> None:
+    """vLLM allocates a prefill's KV blocks while it runs, evicting free cached blocks to
+    do so: room held for 2 blocks evicts the 2 least recently used at once; a touched hit is
+    not among them; the store then fits in the room given back."""
+    c = LruBlockCache(4)
+    h = [BlockHash(i) for i in range(8)]
+    c.insert(h[:4])
+    c.touch([h[0], h[7]])  # a prefill reusing block 0 started (7: not cached, ignored)
+    assert c.reserve(2) == [h[1], h[2]]
+    assert c.reserved == 2 and c.prefix_blocks(h[3:4]) == 1
+    c.release(2)
+    assert c.insert([h[0], h[5], h[6]]) == ([h[5], h[6]], [])  # LRU order now 3, 0, 5, 6
+    assert c.reserved == 0 and len(c) == 4
+    # room held by another prefill never makes a store evict its own chain
+    assert c.reserve(2) == [h[3], h[0]]
+    assert c.insert([h[5], h[6], h[7]]) == ([h[7]], [])
+    assert len(c) == 3
+    c.release(10)
+    assert c.reserved == 0
+
+
+@pytest.mark.parametrize("arrives", [5.5, 9.0])
+def test_a_prefill_evicts_when_it_starts_not_when_it_ends(arrives: float) -> None:
+    """One prefill instance with a cache of 4 blocks holding document A (2 blocks, stored
+    by r0). r1's 4 new blocks start at t=5 and run in 512-token chunks (1 ms per token:
+    about 2 s); the room they take evicts A when r1 starts, and the index hears it then. r2
+    (A + 1 block) arriving at 5.5, while r1 runs, and at 9, after it, both find nothing
+    cached and were planned so."""
+    doc_a = (1, 2)
+    reqs = [
+        _req(0, 0.0, 2 * 512, doc_a, out=2),
+        _req(1, 5.0, 4 * 512, (11, 12, 13, 14), out=2),
+        _req(2, arrives, 3 * 512, (*doc_a, 3), out=2),
+    ]
+    cost = BASE.with_(prefill=PolynomialPrefill(0.01, 0.001, 0.0, 0.0))
+    chunked = EngineConfig(max_num_batched_tokens=2048, long_prefill_token_threshold=512)
+    res = simulate(
+        reqs,
+        SimConfig(
+            policy="mooncake",
+            n_prefill=1,
+            n_decode=1,
+            cost=cost,
+            engine=chunked,
+            cache_capacity_tokens=4 * 512,
+        ),
+        outputs=max_tokens_outputs(reqs),
+    )
+    r = {x.request_id: x for x in res.records}
+    r1_end, r2_start = r["r1"].prefill_end_s, r["r2"].prefill_start_s
+    assert r1_end is not None and r2_start is not None
+    assert (r2_start < r1_end) is (arrives < 6)
+    assert r["r2"].local_tokens == 0
+    predicted = r["r2"].predicted_ttft_s
+    assert predicted is not None and predicted >= cost.prefill_s(3 * 512, 0)
+
+
 def test_background_replication_copies_a_hot_prefix() -> None:
     """sglang's cache_aware sends every request for a prefix to its holder (until 64 more
     are in flight there), so a hot prefix piles up on one instance; the background rule

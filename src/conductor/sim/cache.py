@@ -3,6 +3,12 @@
 ``insert`` refreshes a request's chain and stores its new blocks; it never evicts blocks of
 the chain it is inserting (FAST §3.2.1: LRU "except blocks currently being accessed"), and
 returns what it stored and evicted so the simulator can publish KV events.
+
+A prefill that runs takes room for the blocks it will store from the moment it starts
+(:meth:`reserve`, as an engine allocates KV for the chunks it computes; vLLM evicts free
+cached blocks to do so), and gives it back when it stores them (:meth:`release`, then
+:meth:`insert`). Its hits are refreshed when it starts (:meth:`touch`), so the room it takes
+never evicts its own prefix.
 """
 
 from __future__ import annotations
@@ -15,11 +21,13 @@ from conductor.core.types import BlockHash
 
 
 class LruBlockCache:
-    __slots__ = ("_lru", "capacity_blocks")
+    __slots__ = ("_lru", "capacity_blocks", "reserved")
 
     def __init__(self, capacity_blocks: int | None) -> None:
         self.capacity_blocks = capacity_blocks
         self._lru: OrderedDict[BlockHash, None] = OrderedDict()
+        self.reserved = 0
+        """Blocks held for running prefills (counted against the capacity)."""
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -62,8 +70,29 @@ class LruBlockCache:
         evicted: list[BlockHash] = []
         if cap is not None:
             # the chain now sits at the recent end, so victims are never its own blocks
-            evicted = self._evict_oldest(len(lru) - cap)
+            # (room held for other prefills may leave the chain over the capacity for now)
+            over = min(len(lru) + self.reserved - cap, len(lru) - len(hashes))
+            evicted = self._evict_oldest(over)
         return stored, evicted
+
+    def touch(self, hashes: Sequence[BlockHash]) -> None:
+        """Make the cached ``hashes`` the most recently used (a prefill that reuses them
+        started); blocks not cached are ignored."""
+        lru = self._lru
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+
+    def reserve(self, n: int) -> list[BlockHash]:
+        """Hold room for ``n`` blocks a running prefill will store, evicting the least
+        recently used blocks beyond the capacity; returns them."""
+        self.reserved += n
+        cap = self.capacity_blocks
+        return [] if cap is None else self._evict_oldest(len(self._lru) + self.reserved - cap)
+
+    def release(self, n: int) -> None:
+        """Give back room held by :meth:`reserve` (before the prefill's :meth:`insert`)."""
+        self.reserved = max(0, self.reserved - n)
 
     def _evict_oldest(self, n: int) -> list[BlockHash]:
         """Drop the ``n`` least recently used blocks (none if ``n <= 0``); returns them."""
@@ -77,7 +106,7 @@ class LruBlockCache:
     def shrink(self, capacity_blocks: int) -> list[BlockHash]:
         """Set the capacity and evict the least recently used blocks beyond it."""
         self.capacity_blocks = capacity_blocks
-        return self._evict_oldest(len(self._lru) - capacity_blocks)
+        return self._evict_oldest(len(self._lru) + self.reserved - capacity_blocks)
 
     def remove(self, hashes: Sequence[BlockHash]) -> None:
         for h in hashes:

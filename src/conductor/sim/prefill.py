@@ -78,6 +78,7 @@ class PrefillSide:
         )
         self.turn = 0  # the replica whose queue releases first next time
         self.held_index: dict[RequestId, int] = {}
+        self.room: dict[int, int] = {}  # request index -> cache blocks its running prefill holds
         self.wake_s = math.inf  # the earliest Wakeup in the queue
         loop.on_start = self.on_start
         loop.on_first_token = self.on_first_token
@@ -90,9 +91,15 @@ class PrefillSide:
         else:
             self.scheduler.on_event(event)
 
-    def store_blocks(self, t: float, node: Engine, hashes: Sequence[BlockHash]) -> None:
+    def store_blocks(
+        self, t: float, node: Engine, hashes: Sequence[BlockHash], index: int | None = None
+    ) -> None:
+        """Store ``hashes`` in ``node``'s cache (giving back the room request ``index``'s
+        prefill held there) and publish what was stored and evicted."""
         if node.cache is None:
             return
+        if index is not None:
+            node.cache.release(self.room.pop(index, 0))
         stored, evicted = node.cache.insert(hashes)
         if evicted:
             self.emit(t, BlocksRemoved(node.iid, tuple(evicted), Tier.DRAM))
@@ -256,6 +263,19 @@ class PrefillSide:
         seq.computed = seq.base = cached
         if seq.exclusive_s > 0:
             rec.prefill_start_s = t
+        cache = node.cache
+        if cache is not None and node.role.prefills and cached < seq.target:
+            # the prefill holds room for the blocks it will store from now on (its hits
+            # refreshed first, so they are not what makes that room)
+            chain = req.block_hashes
+            cache.touch(chain[:depth])
+            cap = cache.capacity_blocks
+            n = (len(chain) if cap is None else min(len(chain), cap)) - depth
+            if n > 0:
+                self.room[seq.index] = n
+                evicted = cache.reserve(n)
+                if evicted:
+                    self.emit(t, BlocksRemoved(node.iid, tuple(evicted), Tier.DRAM))
 
     def on_first_token(self, t: float, node: Engine, seq: Seq) -> None:
         """The prefill of ``seq``'s prompt ended on ``node`` at ``t``."""
@@ -271,7 +291,7 @@ class PrefillSide:
             self.scheduler.on_event(done)
             self.release(t)
         rec.prefill_end_s = t
-        self.store_blocks(t, node, req.block_hashes)
+        self.store_blocks(t, node, req.block_hashes, seq.index)
         if seq.decodes:  # role=both: it decodes where it was prefilled
             rec.decode_join_s = t
             return
@@ -291,7 +311,7 @@ class PrefillSide:
             return
         lead = self.nodes[seq.plan.prefill]
         rec.prefill_end_s = t
-        self.store_blocks(t, lead, req.block_hashes)
+        self.store_blocks(t, lead, req.block_hashes, seq.index)
         self.hand_off(t, lead, seq, group.compute_s)
         if lead is not node:
             self.loop.kick(t, lead)
