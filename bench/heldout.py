@@ -27,7 +27,9 @@ and ``VARIANT`` changes one setting the parameters were not chosen at:
 * ``colonofetch``: ``colo`` without a KV store between engines (``--no-kv-fetch``: each
   reuses only its own cache, as behind ``conductor serve``);
 * ``cache300k``: prefill instances' prefix caches of 300,000 tokens instead of 3M
-  (``--cache-tokens 300000``: a few long documents each);
+  (``--cache-tokens 300000``: a few long documents each); ``cache300knofetch``: the same
+  without a KV store between engines (as behind ``conductor serve``); ``cache300kcolo``:
+  the same on 16 aggregated engines (``colo``);
 * ``off``: no admission for anybody (placement alone);
 * ``costerr``: engines off the cost model (``--cost-error 0.3 --cost-bias 0.3``: every
   request's prefill and decode 30% slower than the model on average, times a lognormal
@@ -76,6 +78,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "colo": {"prefill": 0, "decode": 0, "both": 16},
     "colonofetch": {"prefill": 0, "decode": 0, "both": 16, "kv_fetch": False},
     "cache300k": {"cache_tokens": 300_000},
+    "cache300knofetch": {"cache_tokens": 300_000, "kv_fetch": False},
+    "cache300kcolo": {"cache_tokens": 300_000, "prefill": 0, "decode": 0, "both": 16},
 }
 """Each variant's change to ``hold_order.OPTIONS`` (``conductor compare``'s defaults)."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import httpx
 import pytest
 
@@ -133,3 +135,13 @@ async def test_list_add_drain_resume_remove() -> None:
         listed = (await client.get("/admin/engines", headers=auth)).json()
         assert [e["id"] for e in listed["engines"]] == ["e0"]
     assert gw.conductor.inflight() == 0
+
+
+def test_an_engines_kv_capacity_sizes_its_prefix_cache_for_the_scheduler() -> None:
+    """``max_blocks`` (the engine's KV capacity) x its block size: the cache size conductor
+    prices evictions with; unknown without it."""
+    sized = replace(engine("e0", "http://10.0.0.1:8000"), max_blocks=1000)
+    gw = make_gateway([sized, engine("e1", "http://10.0.0.2:8000")], transport=transport([]))
+    spec = gw.conductor.instances[InstanceId("e0")].spec
+    assert spec.cache_capacity_tokens == 1000 * sized.block_size_tokens
+    assert gw.conductor.instances[InstanceId("e1")].spec.cache_capacity_tokens is None

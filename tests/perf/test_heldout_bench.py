@@ -56,6 +56,8 @@ def test_cases_parse_and_bad_ones_are_named() -> None:
         "colo",
         "colonofetch",
         "cache300k",
+        "cache300knofetch",
+        "cache300kcolo",
     }
     for case in m.parse_cases(m.DEFAULT_CASES):
         assert case.variant in m.VARIANTS

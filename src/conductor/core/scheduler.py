@@ -27,6 +27,7 @@ from conductor.core.events import (
     PrefillFinished,
     RequestFinished,
 )
+from conductor.core.eviction_regret import EvictionRegret
 from conductor.core.forecast import DecodeForecast
 from conductor.core.hotspot import HotspotTracker
 from conductor.core.inflight import InFlight
@@ -89,6 +90,7 @@ class Scheduler:
         self.decode_policy: DecodePolicy = decode_policy or LeastTbtDecode()
         self.index = PrefixIndex()
         self.decode_index = DecodeHoldings()  # decode-only instances' caches: no fetch source
+        self.regret = EvictionRegret()  # how often an evicted block is asked for again
         self.instances: dict[InstanceId, InstanceState] = {}
         self._inflight: dict[RequestId, InFlight] = {}
         self._rng = random.Random(self.config.seed)
@@ -165,6 +167,8 @@ class Scheduler:
         if isinstance(event, BlocksRemoved):
             index = self.decode_index if event.holder in self.decode_index else self.index
             index.remove(event.holder, event.block_hashes, event.tier)
+            if index is self.index:
+                self.regret.on_removed(event.block_hashes)
             return
         consumed = self.correction.observe(event, self.instances, self._inflight.get)
         self.cost = self.correction.cost
@@ -249,6 +253,8 @@ class Scheduler:
             output=self.lengths.estimate(request, output_cap(request, self.config.context_tokens)),
             nic=self.nic,
             decode_index=self.decode_index,
+            index=self.index,
+            eviction_regret=self.regret.rate,
         )
 
     def schedule(self, request: Request, now_s: float) -> Decision:
@@ -279,6 +285,7 @@ class Scheduler:
         """Admission, then commit, of a placement from :meth:`prepare`."""
         ctx, pre, dec, cpp = prepared.ctx, prepared.pre, prepared.dec, prepared.cpp
         self._rr += 1
+        self.regret.on_request(ctx.request.block_hashes)  # once per request
         mode = self.config.admission
         if mode != "off":
             rejection = check_ttft(ctx, pre, dec.tbt_s)

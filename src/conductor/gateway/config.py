@@ -67,7 +67,9 @@ class EngineConfig:
     model name to send upstream (None: the gateway's own model name); ``block_size_tokens``:
     the engine's ``--block-size`` (must equal the gateway's); ``topic``: the KV-event topic
     to subscribe to ("" = all); ``max_blocks``: the most blocks its KV events may claim, over
-    all tiers (its KV capacity; None: ``MonitorConfig.kv_max_blocks``). ``kv_events`` and
+    all tiers (its KV capacity; None: ``MonitorConfig.kv_max_blocks``); when given, also its
+    prefix cache's size for the scheduler (``conductor`` prices what a placement there would
+    evict; unknown, it prices nothing). ``kv_events`` and
     ``replay`` may be ``ipc://`` paths.
     """
 

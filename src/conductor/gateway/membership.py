@@ -70,8 +70,12 @@ class EngineSet:
         engine_id = InstanceId(config.engine_id)
         if engine_id in self.engines or engine_id in self.conductor.instances:
             raise Conflict(f"engine {engine_id!r} already exists", param="id")
+        # no KV store between engines; a known KV capacity is its prefix cache's size
+        # (vLLM caches in its free KV blocks), which conductor reads for what a placement
+        # there would evict
+        cache = config.max_blocks * config.block_size_tokens if config.max_blocks else None
         self.conductor.add_instance(
-            InstanceSpec(engine_id, config.role, pulls_kv=False)  # no KV store between engines
+            InstanceSpec(engine_id, config.role, pulls_kv=False, cache_capacity_tokens=cache)
         )
         monitor = self.monitor
         handle = make_handle(

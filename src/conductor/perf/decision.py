@@ -40,6 +40,7 @@ from conductor.core.policies import DEFAULT_POLICY
 from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceSpec
 from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role, Tier
+from conductor.sim.config import CACHE_CAPACITY_TOKENS
 from conductor.workload.trace import bundled_trace_path, read_trace
 from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS, TraceRecord
 
@@ -174,8 +175,11 @@ def make_cluster(
         block_size_tokens=DEFAULT_BLOCK_SIZE_TOKENS, seed=seed, handoff=handoff
     )
     c = Scheduler(preset(preset_name), policy=policy, config=config)
-    for i in range(n_prefill):
-        c.add_instance(InstanceSpec(InstanceId(f"p{i}"), Role.PREFILL))
+    for i in range(n_prefill):  # caches of the simulator's size: eviction pricing runs
+        spec = InstanceSpec(
+            InstanceId(f"p{i}"), Role.PREFILL, cache_capacity_tokens=CACHE_CAPACITY_TOKENS
+        )
+        c.add_instance(spec)
     for i in range(n_decode):
         c.add_instance(InstanceSpec(InstanceId(f"d{i}"), Role.DECODE))
     return c

@@ -91,7 +91,10 @@ def make_engines(cfg: SimConfig, scheduler: Scheduler) -> dict[InstanceId, Engin
     ):
         for i in range(n):
             iid = InstanceId(f"{role.value}-{i}")
-            scheduler.add_instance(InstanceSpec(iid, role, pulls_kv=cfg.kv_fetch))
+            cache_tokens = cfg.cache_capacity_tokens if role.prefills else None
+            scheduler.add_instance(
+                InstanceSpec(iid, role, pulls_kv=cfg.kv_fetch, cache_capacity_tokens=cache_tokens)
+            )
             cache = LruBlockCache(cfg.cache_capacity_blocks) if role.prefills else None
             if role is Role.DECODE and cfg.decode_cache:
                 cache = LruBlockCache(0)  # sized to the free KV (sim.decode_cache)

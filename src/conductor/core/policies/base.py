@@ -19,9 +19,9 @@ from conductor.core.costmodel import CostModel
 from conductor.core.decode_holdings import DecodeHoldings
 from conductor.core.nic import NicBook
 from conductor.core.output_length import UNKNOWN_OUTPUT, OutputEstimate
-from conductor.core.prefix_index import PrefixMatch
+from conductor.core.prefix_index import PrefixIndex, PrefixMatch
 from conductor.core.state import InstanceState
-from conductor.core.types import InstanceId, Request
+from conductor.core.types import InstanceId, Request, Tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +77,11 @@ class SchedulingContext:
     decode_index: DecodeHoldings | None = None
     """What the decode-only instances hold (their KV events), read by
     :meth:`decode_cached_tokens`."""
+    index: PrefixIndex | None = None
+    """The prefix index (what each instance's cache holds), read by :meth:`evicted_blocks`."""
+    eviction_regret: float = 0.0
+    """The measured chance that a block an engine evicts is needed again
+    (:mod:`conductor.core.eviction_regret`)."""
     _prefill_memo: dict[int, float] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -116,6 +121,20 @@ class SchedulingContext:
     def nic_wait_s(self, source: InstanceId | None, target: InstanceId) -> float:
         """How long a fetch from ``source`` to ``target`` would wait for their NICs."""
         return 0.0 if self.nic is None else self.nic.wait_s(source, target, self.now_s)
+
+    def evicted_blocks(self, inst: InstanceState, stored_blocks: int) -> int:
+        """Blocks of other prompts ``inst``'s prefix cache would evict to store
+        ``stored_blocks`` more: beyond its size less what it holds (KV events) and what its
+        queued prefills will store (0 when its size is unknown)."""
+        cap = inst.spec.cache_capacity_tokens
+        if cap is None or self.index is None or stored_blocks <= 0:
+            return 0
+        bs = self.config.block_size_tokens
+        iid = inst.spec.instance_id
+        held = self.index.count(iid, Tier.GPU) + self.index.count(iid, Tier.DRAM)
+        room = cap // bs - held - -(-inst.prefill.queued_tokens // bs)
+        over = stored_blocks - (room if room > 0 else 0)
+        return over if over > 0 else 0
 
     def tokens(self, blocks: int) -> int:
         """Reusable tokens covered by ``blocks`` leading blocks: the last block may be

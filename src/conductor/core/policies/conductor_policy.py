@@ -10,7 +10,11 @@ Per prefill instance ``i`` (local prefix ``l_i``, best prefix ``b`` held by some
 it keeps the choice right when a transfer is slow, e.g. a congested or cross-rack path).
 ``p = argmin_i TTFT(i)``; exact ties go to the instance with the least queued time, then
 the fewest queued tokens, then pool order. The fetch becomes a replica on ``p`` (hot-spot
-migration, lines 20-21).
+migration, lines 20-21). Where an instance's cache size is known and its cache is full, the
+key adds what its store would evict: ``w x prefill_s(evicted blocks' tokens, 0)``, ``w``
+the measured chance that an evicted block is asked for again
+(:mod:`conductor.core.eviction_regret`; ``policy_params["eviction_weight"]`` overrides it);
+the predicted TTFT does not include it.
 
 On a pool of only ``role=both`` instances (aggregated engines: each decodes what it
 prefills, and a prompt's chunks stall the decodes sharing its steps) the key is
@@ -78,6 +82,9 @@ class ConductorPolicy:
         colocated = all_colocated(pool)
         slo = ctx.request.tbt_slo_s or ctx.config.tbt_slo_s
         winner_fetches = False
+        weight = ctx.config.policy_params.get("eviction_weight", ctx.eviction_regret)
+        n_blocks = len(ctx.request.block_hashes)
+        bs = ctx.config.block_size_tokens
         # transfers requested by now are booked before the first fetch is priced, whether
         # or not that fetch's NIC wait is then read
         nic = ctx.nic
@@ -90,6 +97,7 @@ class ConductorPolicy:
             if est is None:
                 est = estimates[k] = _estimate(ctx, best_tokens, *k)
             local, fetch, fetch_compute = est
+            compute = 0.0
             queue = inst.prefill.queue_s(now)
             # in a pool with `both` and other instances, a `both` one whose decodes would
             # miss the TBT SLO (its prefills' stalls included) goes after the others
@@ -104,11 +112,18 @@ class ConductorPolicy:
                 fetch += ctx.nic_wait_s(ctx.fetch_source(iid), iid)
             fetches = fetch < local
             rest = fetch if fetches else local
+            ttft = queue + rest
             if colocated:
                 compute = fetch_compute if fetches else local
-                cost = colocated_cost_s(ctx, inst, queue + rest, compute)
+                cost = colocated_cost_s(ctx, inst, ttft, compute)
             else:
-                cost = queue + rest
+                cost = ttft
+            if weight > 0.0 and (winner is None or (over, cost) < winner_key[:2]):
+                # it may win: what its store would evict, at the chance that is needed again
+                evict = ctx.evicted_blocks(inst, n_blocks - k[0])
+                if evict:
+                    ttft += weight * ctx.cost.prefill_s(evict * bs, 0)
+                    cost = colocated_cost_s(ctx, inst, ttft, compute) if colocated else ttft
             key = (over, cost, queue, inst.prefill.queued_tokens)
             if winner is None or key < winner_key:
                 winner, winner_key, winner_fetches = inst, key, fetches
