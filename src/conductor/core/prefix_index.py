@@ -222,6 +222,12 @@ class PrefixIndex:
             return len(held[tier])
         return len(held[0] | held[1] | held[2])
 
+    def local_count(self, holder: InstanceId) -> int:
+        """Blocks ``holder`` holds in its GPU and DRAM tiers (a block in both counts twice;
+        store nodes' tier not counted): what fills its own cache."""
+        held = self._held[self._slot(holder)]
+        return len(held[Tier.GPU]) + len(held[Tier.DRAM])
+
     def holds(self, holder: InstanceId, block_hash: BlockHash, tier: Tier) -> bool:
         return block_hash in self._held[self._slot(holder)][tier]
 

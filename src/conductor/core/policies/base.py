@@ -21,7 +21,7 @@ from conductor.core.nic import NicBook
 from conductor.core.output_length import UNKNOWN_OUTPUT, OutputEstimate
 from conductor.core.prefix_index import PrefixIndex, PrefixMatch
 from conductor.core.state import InstanceState
-from conductor.core.types import InstanceId, Request, Tier
+from conductor.core.types import InstanceId, Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +130,7 @@ class SchedulingContext:
         if cap is None or self.index is None or stored_blocks <= 0:
             return 0
         bs = self.config.block_size_tokens
-        iid = inst.spec.instance_id
-        held = self.index.count(iid, Tier.GPU) + self.index.count(iid, Tier.DRAM)
+        held = self.index.local_count(inst.spec.instance_id)
         room = cap // bs - held - -(-inst.prefill.queued_tokens // bs)
         over = stored_blocks - (room if room > 0 else 0)
         return over if over > 0 else 0

@@ -85,6 +85,7 @@ class ConductorPolicy:
         weight = ctx.config.policy_params.get("eviction_weight", ctx.eviction_regret)
         n_blocks = len(ctx.request.block_hashes)
         bs = ctx.config.block_size_tokens
+        evict_s: dict[int, float] = {}  # blocks evicted -> their price (many share one)
         # transfers requested by now are booked before the first fetch is priced, whether
         # or not that fetch's NIC wait is then read
         nic = ctx.nic
@@ -122,7 +123,10 @@ class ConductorPolicy:
                 # it may win: what its store would evict, at the chance that is needed again
                 evict = ctx.evicted_blocks(inst, n_blocks - k[0])
                 if evict:
-                    ttft += weight * ctx.cost.prefill_s(evict * bs, 0)
+                    price = evict_s.get(evict)
+                    if price is None:
+                        price = evict_s[evict] = weight * ctx.cost.prefill_s(evict * bs, 0)
+                    ttft += price
                     cost = colocated_cost_s(ctx, inst, ttft, compute) if colocated else ttft
             key = (over, cost, queue, inst.prefill.queued_tokens)
             if winner is None or key < winner_key:
