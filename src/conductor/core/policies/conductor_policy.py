@@ -119,7 +119,11 @@ class ConductorPolicy:
                 cost = colocated_cost_s(ctx, inst, ttft, compute)
             else:
                 cost = ttft
-            if weight > 0.0 and (winner is None or (over, cost) < winner_key[:2]):
+            if weight > 0.0 and (
+                winner is None
+                or over < winner_key[0]
+                or (over == winner_key[0] and cost < winner_key[1])
+            ):
                 # it may win: what its store would evict, at the chance that is needed again
                 evict = ctx.evicted_blocks(inst, n_blocks - k[0])
                 if evict:
