@@ -48,7 +48,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,20 +104,32 @@ class Emulated:
     kv_port: int
     replay_port: int
     proc: subprocess.Popen[bytes]
+    kv_blocks: int
 
     @property
     def spec(self) -> str:
+        """Its ``--engine`` spec; ``max_blocks`` is its KV capacity, which the gateway also
+        reads as its prefix cache's size (as an operator would configure it)."""
         return (
             f"{self.url},role={self.role},id={self.name},model={MODEL},block_size={BLOCK},"
-            f"kv_events=tcp://127.0.0.1:{self.kv_port},replay=tcp://127.0.0.1:{self.replay_port}"
+            f"kv_events=tcp://127.0.0.1:{self.kv_port},replay=tcp://127.0.0.1:{self.replay_port},"
+            f"max_blocks={self.kv_blocks}"
         )
 
 
+def kv_tokens(args: Any, role: str) -> int:
+    """An engine's KV capacity (its prefix cache lives in the free part): the preset's, or
+    ``--prefill-cache-tokens`` on the prefill-capable engines."""
+    if role != "decode" and args.prefill_cache_tokens is not None:
+        return int(args.prefill_cache_tokens)
+    return preset(args.preset).kv_capacity_tokens
+
+
 def start_engines(args: Any, work: Path) -> list[Emulated]:
-    kv_blocks = preset(args.preset).kv_capacity_tokens // BLOCK
     engines: list[Emulated] = []
     try:
         for role, n in (("prefill", args.prefill), ("decode", args.decode), ("both", args.both)):
+            kv_blocks = kv_tokens(args, role) // BLOCK
             for i in range(n):
                 name = f"{role[0]}{i}"
                 port, kv, rp = fc.free_ports(3)
@@ -132,7 +144,7 @@ def start_engines(args: Any, work: Path) -> list[Emulated]:
                     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                             cwd=fc.REPO, start_new_session=True)  # fmt: skip
                 url = f"http://127.0.0.1:{port}"
-                engines.append(Emulated(name, role, url, kv, rp, proc))
+                engines.append(Emulated(name, role, url, kv, rp, proc, kv_blocks))
         for e in engines:
             fc.wait_http(e.url, e.proc, work / f"{e.name}.log", 60)
     except BaseException:
@@ -246,6 +258,8 @@ def simulated(trace: Path, speed: float, policy: str, args: Any) -> dict[str, An
         handoff=HANDOFF,
         first_token="decode",
     )
+    if args.prefill_cache_tokens is not None:  # the prefill engines' prefix caches
+        cfg = replace(cfg, cache_capacity_tokens=args.prefill_cache_tokens)
     return dict(simulate_slice(trace, speed, cfg).summary)
 
 
@@ -272,6 +286,13 @@ def main() -> int:
     ap.add_argument("--preset", default=DEFAULT_PRESET)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--prefill-cache-tokens",
+        type=int,
+        default=None,
+        help="KV capacity (and so prefix cache) of the prefill-capable engines in tokens "
+        "(default: the preset's KV capacity)",
+    )
     args = ap.parse_args()
     if args.both < 0:
         ap.error(f"--both must be >= 0, got {args.both}")
@@ -284,6 +305,8 @@ def main() -> int:
         ap.error(f"--prefill and --decode go together, got {args.prefill} and {args.decode}")
     if not args.speed > 0:
         ap.error(f"--speed must be > 0, got {args.speed}")
+    if args.prefill_cache_tokens is not None and args.prefill_cache_tokens < BLOCK:
+        ap.error(f"--prefill-cache-tokens must be >= {BLOCK}, got {args.prefill_cache_tokens}")
     policies = [p for p in args.policies.split(",") if p]
     if not policies:
         ap.error(f"--policies names no policy: {args.policies!r}")
@@ -322,6 +345,7 @@ def main() -> int:
             "block_tokens": BLOCK,
             "max_batched_tokens": MAX_BATCHED_TOKENS,
             "max_seqs": preset(args.preset).max_batch_size,
+            "prefill_cache_tokens": args.prefill_cache_tokens,
         },
         "slo": {"ttft_s": TTFT_SLO_S, "tbt_ms": TBT_SLO_MS},
         "cpus": os.cpu_count(),

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
 def test_two_policies_through_the_gateway_beside_the_simulator(tmp_path: Path) -> None:
     out = tmp_path / "goodput.json"
     args = ["--requests", "4", "--prefill", "1", "--decode", "1", "--speed", "4"]
+    args += ["--prefill-cache-tokens", "200000"]  # the prefill engine's KV and prefix cache
     done = subprocess.run(
         [
             sys.executable,
@@ -49,6 +50,7 @@ def test_two_policies_through_the_gateway_beside_the_simulator(tmp_path: Path) -
         "tie_gap_ms": 10,
     }  # fmt: skip
     assert result["cluster"]["prefill"] == 1 and result["cluster"]["decode"] == 1
+    assert result["cluster"]["prefill_cache_tokens"] == 200_000
     for policy in ("conductor", "round_robin"):
         real = result["policies"][policy]["gateway"]
         sim = result["policies"][policy]["sim"]
@@ -73,6 +75,7 @@ def test_two_policies_through_the_gateway_beside_the_simulator(tmp_path: Path) -
         (["--both", "2", "--decode", "0"], "--prefill and --decode go together, got 4 and 0"),
         (["--policies", ","], "error: --policies names no policy: ','"),
         (["--policies", "conductor,bogus"], "got 'bogus'"),
+        (["--prefill-cache-tokens", "8"], "error: --prefill-cache-tokens must be >= 32, got 8"),
     ],
 )
 def test_bad_values_are_named(args: list[str], message: str) -> None:
