@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from conductor.core.errors import ConductorError
-from conductor.sim.config import CACHE_CAPACITY_TOKENS
+from conductor.core.state import CACHE_CAPACITY_TOKENS
 from conductor.workload.analysis import infinite_cache_hits, lru_cache_hits, trace_stats
 from conductor.workload.spread import DEFAULT_GAP_MS, spread_ties, ties
 from conductor.workload.synth import KINDS, synthesize

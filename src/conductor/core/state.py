@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 
 from conductor.core.types import InstanceId, RequestId, Role
 
+CACHE_CAPACITY_TOKENS = 3_000_000
+"""A prefill instance's DRAM KV cache in FAST §5.3.2: the simulator's default, ``conductor
+trace stats``' LRU and the decision bench's instances."""
+
 
 @dataclass(frozen=True, slots=True)
 class InstanceSpec:

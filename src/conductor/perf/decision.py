@@ -38,9 +38,8 @@ from conductor.core.events import BlocksStored, PrefillFinished, RequestFinished
 from conductor.core.plan import Plan
 from conductor.core.policies import DEFAULT_POLICY
 from conductor.core.scheduler import Scheduler
-from conductor.core.state import InstanceSpec
+from conductor.core.state import CACHE_CAPACITY_TOKENS, InstanceSpec
 from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role, Tier
-from conductor.sim.config import CACHE_CAPACITY_TOKENS
 from conductor.workload.trace import bundled_trace_path, read_trace
 from conductor.workload.trace_format import DEFAULT_BLOCK_SIZE_TOKENS, TraceRecord
 

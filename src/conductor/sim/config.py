@@ -9,9 +9,7 @@ from conductor.core.config import FIRST_TOKEN_SOURCES, HANDOFFS, SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, CostModel, preset
 from conductor.core.errors import InvalidInput
 from conductor.core.policies import DEFAULT_POLICY, check_policy
-
-CACHE_CAPACITY_TOKENS = 3_000_000
-"""A prefill instance's DRAM KV cache in FAST §5.3.2 (also ``conductor trace stats``' LRU)."""
+from conductor.core.state import CACHE_CAPACITY_TOKENS
 
 
 @dataclass(frozen=True, slots=True)
