@@ -53,8 +53,9 @@ class LruBlockCache:
         """
         lru = self._lru
         cap = self.capacity_blocks
-        if cap is not None and len(hashes) > cap:
-            hashes = hashes[:cap]
+        keep = self.kept(len(hashes))
+        if keep < len(hashes):
+            hashes = hashes[:keep]
         stored: list[BlockHash]
         if not any(map(lru.__contains__, hashes)):  # all new: appended in order, in C
             lru.update(dict.fromkeys(hashes))
@@ -74,6 +75,12 @@ class LruBlockCache:
             over = min(len(lru) + self.reserved - cap, len(lru) - len(hashes))
             evicted = self._evict_oldest(over)
         return stored, evicted
+
+    def kept(self, n: int) -> int:
+        """How many blocks of an ``n``-block chain the cache keeps (a chain longer than
+        the cache keeps its head)."""
+        cap = self.capacity_blocks
+        return n if cap is None or n <= cap else cap
 
     def touch(self, hashes: Sequence[BlockHash]) -> None:
         """Make the cached ``hashes`` the most recently used (a prefill that reuses them

@@ -269,8 +269,7 @@ class PrefillSide:
             # refreshed first, so they are not what makes that room)
             chain = req.block_hashes
             cache.touch(chain[:depth])
-            cap = cache.capacity_blocks
-            n = (len(chain) if cap is None else min(len(chain), cap)) - depth
+            n = cache.kept(len(chain)) - depth
             if n > 0:
                 self.room[seq.index] = n
                 evicted = cache.reserve(n)
