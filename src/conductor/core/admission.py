@@ -37,13 +37,9 @@ from conductor.core.policies.decode import kv_capacity, max_batch, tbt_factor
 from conductor.core.state import InstanceState
 
 
-def _tbt_slo(ctx: SchedulingContext) -> float:
-    return ctx.request.tbt_slo_s or ctx.config.tbt_slo_s
-
-
 def check_ttft(ctx: SchedulingContext, pre: PrefillChoice, tbt_s: float) -> Rejection | None:
     req = ctx.request
-    slo = req.ttft_slo_s or ctx.config.ttft_slo_s
+    slo = ctx.ttft_slo_s
     if pre.ttft_s > slo:
         return Rejection(
             req.request_id,
@@ -56,7 +52,7 @@ def check_ttft(ctx: SchedulingContext, pre: PrefillChoice, tbt_s: float) -> Reje
 
 
 def _tbt_rejection(ctx: SchedulingContext, pre: PrefillChoice, tbt_s: float, why: str) -> Rejection:
-    slo = _tbt_slo(ctx)
+    slo = ctx.tbt_slo_s
     return Rejection(
         ctx.request.request_id,
         "tbt_slo",
@@ -87,7 +83,7 @@ def check_early(ctx: SchedulingContext, pre: PrefillChoice, dec: DecodeChoice) -
     prompt = ctx.request.prompt_tokens
     tbt = ctx.cost.decode_step_s(d.running + 1, int(d.running_kv_tokens + prompt + out.mean))
     tbt *= tbt_factor(out.mean)
-    if tbt > _tbt_slo(ctx):
+    if tbt > ctx.tbt_slo_s:
         return _tbt_rejection(ctx, pre, tbt, "predicted ")
     room = d.running_kv_tokens + prompt + out.high <= kv_capacity(ctx, inst)
     if not room or d.running >= max_batch(ctx, inst):
@@ -101,7 +97,7 @@ def check_reserve(
     """Every request assigned to ``dec``'s instance counts (the decode policy's ``fits``)."""
     if dec.fits:
         return None
-    if dec.tbt_s > _tbt_slo(ctx):
+    if dec.tbt_s > ctx.tbt_slo_s:
         return _tbt_rejection(ctx, pre, dec.tbt_s, "predicted ")
     return _kv_rejection(ctx, pre, dec.tbt_s)
 
@@ -116,7 +112,7 @@ def check_predictive(
     to commit to."""
     req = ctx.request
     out = ctx.output
-    slo = _tbt_slo(ctx)
+    slo = ctx.tbt_slo_s
     now = ctx.now_s
     t1 = now + pre.ttft_s + out.mean * forecast.token_s
     own = req.prompt_tokens + out.mean / 2  # its mean context while it decodes

@@ -129,7 +129,7 @@ def pipeline_if_faster(
     """The pipelined plan led by ``lead`` (the best single-node choice ``pre``) when the
     prompt itself, not the queue, is what misses the SLO (CPP spends more node-time than one
     node would, so it must not be a cure for overload) and it predicts a lower TTFT."""
-    slo = ctx.request.ttft_slo_s or config.ttft_slo_s
+    slo = ctx.ttft_slo_s
     if pre.prefill_s + pre.transfer_s <= config.cpp_trigger_fraction * slo:
         return None
     cpp = plan_pipeline(

@@ -89,6 +89,16 @@ class SchedulingContext:
         default=None, init=False, repr=False, compare=False
     )
 
+    @property
+    def ttft_slo_s(self) -> float:
+        """The request's TTFT SLO, else the configuration's."""
+        return self.request.ttft_slo_s or self.config.ttft_slo_s
+
+    @property
+    def tbt_slo_s(self) -> float:
+        """The request's TBT SLO, else the configuration's."""
+        return self.request.tbt_slo_s or self.config.tbt_slo_s
+
     def prefill_s(self, cached_tokens: int) -> float:
         """``cost.prefill_s(prompt_tokens, cached_tokens)`` for this request (memoised)."""
         t = self._prefill_memo.get(cached_tokens)

@@ -77,13 +77,10 @@ def colocated_cost_s(
     instances, from piling onto the instance that holds their prefix while its decodes miss
     their TBT; measured against the SLOs, a second of TTFT weighs what it costs the
     attainment (1/30 of a 30 s budget), not what a second of TBT does (ten 100 ms budgets)."""
-    req = ctx.request
     out = ctx.output.mean
     stall = _beyond_one_pass(ctx, compute_s)
     share = inst.decode.batch_size * stall / tbt_intervals(out)
-    ttft_slo = req.ttft_slo_s or ctx.config.ttft_slo_s
-    tbt_slo = req.tbt_slo_s or ctx.config.tbt_slo_s
-    return ttft_s / ttft_slo + (colocated_tbt_s(ctx, inst) + share) / tbt_slo
+    return ttft_s / ctx.ttft_slo_s + (colocated_tbt_s(ctx, inst) + share) / ctx.tbt_slo_s
 
 
 class ColocatedDecode:
@@ -96,6 +93,6 @@ class ColocatedDecode:
         for inst in ctx.decode_pool:
             if inst.spec.instance_id == prefill.instance and inst.spec.role is Role.BOTH:
                 tbt = colocated_tbt_s(ctx, inst)
-                slo = ctx.request.tbt_slo_s or ctx.config.tbt_slo_s
+                slo = ctx.tbt_slo_s
                 return DecodeChoice(prefill.instance, tbt, tbt <= slo and has_room(ctx, inst))
         return self.inner.choose_decode(ctx, prefill)

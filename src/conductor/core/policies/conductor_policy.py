@@ -80,7 +80,7 @@ class ConductorPolicy:
         winner_key = (False, 0.0, 0.0, 0)
         pool = ctx.prefill_pool
         colocated = all_colocated(pool)
-        slo = ctx.request.tbt_slo_s or ctx.config.tbt_slo_s
+        slo = ctx.tbt_slo_s
         winner_fetches = False
         weight = ctx.config.policy_params.get("eviction_weight", ctx.eviction_regret)
         n_blocks = len(ctx.request.block_hashes)
@@ -98,7 +98,6 @@ class ConductorPolicy:
             if est is None:
                 est = estimates[k] = _estimate(ctx, best_tokens, *k)
             local, fetch, fetch_compute = est
-            compute = 0.0
             queue = inst.prefill.queue_s(now)
             # in a pool with `both` and other instances, a `both` one whose decodes would
             # miss the TBT SLO (its prefills' stalls included) goes after the others
@@ -114,11 +113,8 @@ class ConductorPolicy:
             fetches = fetch < local
             rest = fetch if fetches else local
             ttft = queue + rest
-            if colocated:
-                compute = fetch_compute if fetches else local
-                cost = colocated_cost_s(ctx, inst, ttft, compute)
-            else:
-                cost = ttft
+            compute = (fetch_compute if fetches else local) if colocated else 0.0
+            cost = colocated_cost_s(ctx, inst, ttft, compute) if colocated else ttft
             if weight > 0.0 and (
                 winner is None
                 or over < winner_key[0]

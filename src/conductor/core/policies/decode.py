@@ -97,7 +97,7 @@ def least_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
     lowest among all (``fits`` False). The loop inlines :func:`predicted_tbt_s` and
     :func:`has_room` (same formulas) and builds only the returned choice object."""
     req = ctx.request
-    slo = req.tbt_slo_s or ctx.config.tbt_slo_s
+    slo = ctx.tbt_slo_s
     out = ctx.output
     need = int(req.prompt_tokens + out.mean)  # the context it adds
     room_need = req.prompt_tokens + out.high  # the KV it must find

@@ -131,7 +131,7 @@ def least_active_blocks(ctx: SchedulingContext, prefill: PrefillChoice) -> Decod
         pool = [i for i in ctx.decode_pool if has_room(ctx, i)] or list(ctx.decode_pool)
         chosen = pool[select(ctx, [decode_cost(ctx, i) for i in pool])]
     tbt = predicted_tbt_s(ctx, chosen)
-    slo = ctx.request.tbt_slo_s or ctx.config.tbt_slo_s
+    slo = ctx.tbt_slo_s
     return DecodeChoice(chosen.spec.instance_id, tbt, has_room(ctx, chosen) and tbt <= slo)
 
 

@@ -40,7 +40,7 @@ from conductor.core.types import InstanceId
 
 def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> DecodeChoice:
     req = ctx.request
-    slo = req.tbt_slo_s or ctx.config.tbt_slo_s
+    slo = ctx.tbt_slo_s
     out = ctx.output
     need = int(req.prompt_tokens + out.mean)
     room_need = req.prompt_tokens + out.high

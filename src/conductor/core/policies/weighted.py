@@ -21,7 +21,7 @@ class WeightedPolicy:
     def choose_prefill(self, ctx: SchedulingContext) -> PrefillChoice:
         alpha = ctx.config.policy_params.get("alpha", 1.0)
         beta = ctx.config.policy_params.get("beta", 1.0)
-        slo = ctx.request.ttft_slo_s or ctx.config.ttft_slo_s
+        slo = ctx.ttft_slo_s
         total = ctx.request.prompt_tokens
         scored = []
         for inst in ctx.prefill_pool:
