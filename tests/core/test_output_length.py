@@ -84,3 +84,18 @@ def test_bad_predictor_settings_are_named() -> None:
         SchedulerConfig(output_high_quantile=1.5)
     with pytest.raises(InvalidInput, match="context_tokens=1"):
         SchedulerConfig(context_tokens=1)
+
+
+def test_tables_kept_by_each_observation_answer_after_a_halving() -> None:
+    # prior 2 tokens x 2; then 4, 16, 16, 64, 64, 64, 256 (weight 9 > 8: every bucket
+    # halves to 2:1, 4:0.5, 16:1, 64:1.5, 256:0.5), then 256 again (256:1.5); total 5.5
+    h = LengthHistogram(prior_tokens=2, prior_weight=2.0, max_weight=8.0)
+    for tokens in (4, 16, 16, 64, 64, 64, 256, 256):
+        h.observe(R, tokens)
+    assert h.weight == 5.5
+    assert h.mean() == 500 / 5.5  # 2*1 + 4*0.5 + 16*1 + 64*1.5 + 256*1.5
+    assert h.mean(cap=16) == (2 + 2 + 16 * 4) / 5.5
+    # cumulative weights 1, 1.5, 2.5, 4, 5.5: each quantile is the first bucket reaching it
+    qs = (0.0, 0.1, 0.2, 0.4, 0.7, 0.8, 1.0)
+    assert [h.quantile(q) for q in qs] == [2, 2, 4, 16, 64, 256, 256]
+    assert h.remaining(R, 20, cap=100_000) == 480 / 3 - 20  # the 64s and 256s are left

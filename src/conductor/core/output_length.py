@@ -9,6 +9,9 @@ output lengths online from ``RequestFinished.output_tokens``:
   lengths it received (so a bucket's mean is exact, not its midpoint);
 * **bounded memory, adapting**: when the total weight passes ``max_weight`` every bucket is
   halved, so old observations fade geometrically (deterministic: no sampling);
+* **kept tables**: each observation adds itself to the suffix sums (weight and tokens of
+  buckets ``k..``) of the buckets at and below its own, so a query reads them (a quantile by
+  bisection) and no decision after a finished request rebuilds a table;
 * **prior**: before any observation the distribution is ``prior_weight`` pseudo-requests of
   ``prior_tokens`` tokens; they fade like everything else.
 
@@ -71,12 +74,10 @@ class LengthHistogram:
 
     __slots__ = (
         "_counts",
-        "_dirty",
-        "_mean",
         "_quantiles",
-        "_suffix",
+        "_suffix_s",
+        "_suffix_w",
         "_sums",
-        "_total",
         "high_quantile",
         "max_weight",
         "prior_tokens",
@@ -96,10 +97,10 @@ class LengthHistogram:
         n = MAX_LOG2_TOKENS * BUCKETS_PER_DOUBLING + 1
         self._counts = [0.0] * n
         self._sums = [0.0] * n
-        self._total = 0.0
-        self._suffix: list[tuple[float, float]] = []
-        self._mean = 0.0
-        self._dirty = True
+        # suffix_w[k] / suffix_s[k]: weight / token sum of buckets k.. (k = n: none), kept
+        # up to date by each observation (O(bucket)) so that no query rebuilds them
+        self._suffix_w = [0.0] * (n + 1)
+        self._suffix_s = [0.0] * (n + 1)
         self._quantiles: dict[float, float] = {}  # q -> uncapped quantile, until a change
         self._add(prior_tokens, prior_weight)
 
@@ -112,48 +113,42 @@ class LengthHistogram:
 
     def _add(self, tokens: int, weight: float) -> None:
         k = self._bucket(tokens)
+        tw = weight * tokens
         self._counts[k] += weight
-        self._sums[k] += weight * tokens
-        self._total += weight
-        self._dirty = True
+        self._sums[k] += tw
+        suffix_w = self._suffix_w
+        suffix_s = self._suffix_s
+        for j in range(k + 1):
+            suffix_w[j] += weight
+            suffix_s[j] += tw
         self._quantiles.clear()
 
     def observe(self, rid: RequestId, tokens: int) -> None:
         """A request finished after generating ``tokens`` (>= 1)."""
         self._add(max(1, tokens), 1.0)
-        if self._total > self.max_weight:
+        if self._suffix_w[0] > self.max_weight:
             self._counts = [c * 0.5 for c in self._counts]
             self._sums = [s * 0.5 for s in self._sums]
-            self._total *= 0.5
+            self._suffix_w = [w * 0.5 for w in self._suffix_w]
+            self._suffix_s = [s * 0.5 for s in self._suffix_s]
 
     @property
     def weight(self) -> float:
-        return self._total
+        return self._suffix_w[0]
 
-    def _tables(self) -> list[tuple[float, float]]:
-        """``suffix[k] = (weight, token sum)`` of buckets ``k..``; rebuilt after changes."""
-        if self._dirty:
-            w = s = 0.0
-            suffix = [(0.0, 0.0)] * (len(self._counts) + 1)
-            for k in range(len(self._counts) - 1, -1, -1):
-                w += self._counts[k]
-                s += self._sums[k]
-                suffix[k] = (w, s)
-            self._suffix = suffix
-            self._mean = s / w if w > 0 else float(self.prior_tokens)
-            self._dirty = False
-        return self._suffix
+    def _overall_mean(self) -> float:
+        w = self._suffix_w[0]
+        return self._suffix_s[0] / w if w > 0 else float(self.prior_tokens)
 
     def mean(self, cap: float = math.inf) -> float:
         """``E[min(L, cap)]``."""
-        suffix = self._tables()
         k = self._bucket(cap)
-        w_hi, s_hi = suffix[k]
+        w_hi = self._suffix_w[k]
         if w_hi == 0.0:
-            return self._mean
-        total = suffix[0][0]
+            return self._overall_mean()
+        s_hi = self._suffix_s[k]
         # buckets below cap's contribute their lengths, cap's bucket and above contribute cap
-        return ((suffix[0][1] - s_hi) + cap * w_hi) / total
+        return ((self._suffix_s[0] - s_hi) + cap * w_hi) / self._suffix_w[0]
 
     def quantile(self, q: float, cap: float = math.inf) -> float:
         """The ``q``-quantile of ``min(L, cap)`` (the mean of the bucket it falls in;
@@ -164,14 +159,28 @@ class LengthHistogram:
         return min(v, cap)
 
     def _quantile(self, q: float) -> float:
-        target = q * self._total
-        seen = 0.0
-        for k, c in enumerate(self._counts):
-            seen += c
-            if c > 0 and seen >= target:
-                return self._sums[k] / c
-        self._tables()  # brings the mean up to date
-        return self._mean
+        """The first bucket whose cumulative weight reaches ``q`` of the total: the first
+        ``k`` with ``suffix_w[k + 1] <= total - target`` (suffix weights fall with ``k``),
+        found by bisection."""
+        suffix_w = self._suffix_w
+        total = suffix_w[0]
+        target = q * total
+        if target <= 0.0:  # the first bucket with any weight
+            for k, c in enumerate(self._counts):
+                if c > 0:
+                    return self._sums[k] / c
+            return self._overall_mean()
+        rest = total - target
+        lo, hi = 0, len(self._counts)  # the answer k lies in [lo, hi)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if suffix_w[mid + 1] <= rest:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo < len(self._counts) and self._counts[lo] > 0:
+            return self._sums[lo] / self._counts[lo]
+        return self._overall_mean()
 
     def remaining(self, rid: RequestId, generated: float, cap: int) -> float:
         """``E[min(L, cap) - g | L > g]`` for ``g = generated`` (at least one token); past
@@ -179,9 +188,9 @@ class LengthHistogram:
         left = cap - generated
         if left <= 1.0:
             return 1.0
-        suffix = self._tables()
         k = self._bucket(generated) + 1
-        w, s = suffix[k]
+        w = self._suffix_w[k]
+        s = self._suffix_s[k]
         c = self._counts[k - 1]
         if c > 0 and self._sums[k - 1] / c > generated:  # generated's own bucket, if above
             w += c
