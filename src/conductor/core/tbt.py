@@ -11,6 +11,12 @@ from collections.abc import Sequence
 TBT_TAIL_SHARE = 0.1
 """The share of a request's token intervals, the longest ones, that its TBT averages."""
 
+TBT_MARGIN = 0.1
+"""The share of a TBT SLO ``conductor`` keeps for prediction error: a decode predicted
+within ``(1 - TBT_MARGIN) x SLO`` is taken to meet it (late binding's decode condition;
+on aggregated engines, where a placement's TBT starts to cost). Chosen on generated
+workloads (docs/policies.md)."""
+
 
 def tail_count(intervals: float) -> int:
     """How many of ``intervals`` token intervals TBT averages: ``ceil(0.1 x n)``, at least 1."""

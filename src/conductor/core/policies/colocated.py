@@ -28,6 +28,7 @@ from conductor.core.policies.base import (
 from conductor.core.policies.decode import has_room, tbt_factor, tbt_intervals
 from conductor.core.policies.join_stalls import join_stall_s
 from conductor.core.state import InstanceState
+from conductor.core.tbt import TBT_MARGIN
 from conductor.core.types import Role
 
 
@@ -66,21 +67,30 @@ def all_colocated(pool: Sequence[InstanceState]) -> bool:
 
 
 def colocated_cost_s(
-    ctx: SchedulingContext, inst: InstanceState, ttft_s: float, compute_s: float
+    ctx: SchedulingContext,
+    inst: InstanceState,
+    ttft_s: float,
+    compute_s: float,
+    tbt_margin: float = TBT_MARGIN,
 ) -> float:
     """What placing the request on the ``both`` instance ``inst`` costs the requests there,
     each delay as a share of its SLO: its own TTFT (``ttft_s``) over the TTFT SLO; over the
-    TBT SLO, its own predicted TBT there (:func:`colocated_tbt_s`) and what its prefill
+    TBT SLO, its own predicted TBT there (:func:`colocated_tbt_s`) plus what its prefill
     (``compute_s``, of which the stall is what lies beyond one pass) adds to the TBT of each
-    of the ``B`` requests decoding there, ``stall / k``. The last term is LMetric's ``new
-    work x load`` in TBT's units: it keeps ``conductor``'s prefills, on a pool of ``both``
-    instances, from piling onto the instance that holds their prefix while its decodes miss
-    their TBT; measured against the SLOs, a second of TTFT weighs what it costs the
-    attainment (1/30 of a 30 s budget), not what a second of TBT does (ten 100 ms budgets)."""
+    of the ``B`` requests decoding there, ``stall / k`` — counted only beyond ``1 -
+    tbt_margin`` of the SLO: ``max(0, (TBT + B x stall / k) / TBT_SLO - (1 - margin))``.
+    The stall term is LMetric's ``new work x load`` in TBT's units: it keeps
+    ``conductor``'s prefills, on a pool of ``both`` instances, from piling onto the
+    instance that holds their prefix while its decodes miss their TBT; measured against the
+    SLOs, a second of TTFT weighs what it costs the attainment (1/30 of a 30 s budget), not
+    what a second of TBT does (ten 100 ms budgets). Below the threshold TBT costs nothing:
+    a TBT well inside its SLO loses no request, so there the TTFT (the prefix cache) decides
+    (a margin of 1 counts all of it, the linear key this replaced)."""
     out = ctx.output.mean
     stall = _beyond_one_pass(ctx, compute_s)
     share = inst.decode.batch_size * stall / tbt_intervals(out)
-    return ttft_s / ctx.ttft_slo_s + (colocated_tbt_s(ctx, inst) + share) / ctx.tbt_slo_s
+    tbt = (colocated_tbt_s(ctx, inst) + share) / ctx.tbt_slo_s - (1.0 - tbt_margin)
+    return ttft_s / ctx.ttft_slo_s + (tbt if tbt > 0.0 else 0.0)
 
 
 class ColocatedDecode:

@@ -18,8 +18,10 @@ the predicted TTFT does not include it.
 
 On a pool of only ``role=both`` instances (aggregated engines: each decodes what it
 prefills, and a prompt's chunks stall the decodes sharing its steps) the key is
-``TTFT(i) / TTFT_SLO + (TBT(i) + B_i x stall_i / k) / TBT_SLO`` instead
-(:func:`~conductor.core.policies.colocated.colocated_cost_s`); in a mixed pool a ``both``
+``TTFT(i) / TTFT_SLO + max(0, (TBT(i) + B_i x stall_i / k) / TBT_SLO - 0.9)`` instead
+(:func:`~conductor.core.policies.colocated.colocated_cost_s`: TBT costs from 90% of its SLO,
+:data:`~conductor.core.tbt.TBT_MARGIN`; ``policy_params["colocated_tbt_margin"]``
+overrides the 0.1, 1 gives the linear key it replaced); in a mixed pool a ``both``
 instance whose decodes would miss the TBT SLO goes after the others.
 
 Decode: the lowest predicted TBT with the KV hand-off's tail in the first interval
@@ -48,6 +50,7 @@ from conductor.core.policies.decode import least_tbt
 from conductor.core.policies.first_interval import first_interval_tbt
 from conductor.core.policies.registry import register
 from conductor.core.state import InstanceState
+from conductor.core.tbt import TBT_MARGIN
 from conductor.core.types import Role
 
 
@@ -57,7 +60,7 @@ class ConductorPolicy:
     config_defaults: ClassVar[dict[str, object]] = {"admission": "early", "cpp_enabled": True}
     late_binding: ClassVar[LateBinding] = LateBinding(
         horizon_s=0.0,
-        tbt_margin=0.1,
+        tbt_margin=TBT_MARGIN,
         age_weight=HOLD_AGE_WEIGHT,
         reject_ahead=True,
         headroom_margin=HOLD_HEADROOM_MARGIN,
@@ -82,7 +85,9 @@ class ConductorPolicy:
         colocated = all_colocated(pool)
         slo = ctx.tbt_slo_s
         winner_fetches = False
-        weight = ctx.config.policy_params.get("eviction_weight", ctx.eviction_regret)
+        params = ctx.config.policy_params
+        weight = params.get("eviction_weight", ctx.eviction_regret)
+        margin = params.get("colocated_tbt_margin", TBT_MARGIN)
         n_blocks = len(ctx.request.block_hashes)
         bs = ctx.config.block_size_tokens
         evict_s: dict[int, float] = {}  # blocks evicted -> their price (many share one)
@@ -114,7 +119,7 @@ class ConductorPolicy:
             rest = fetch if fetches else local
             ttft = queue + rest
             compute = (fetch_compute if fetches else local) if colocated else 0.0
-            cost = colocated_cost_s(ctx, inst, ttft, compute) if colocated else ttft
+            cost = colocated_cost_s(ctx, inst, ttft, compute, margin) if colocated else ttft
             if weight > 0.0 and (
                 winner is None
                 or over < winner_key[0]
@@ -127,7 +132,7 @@ class ConductorPolicy:
                     if price is None:
                         price = evict_s[evict] = weight * ctx.cost.prefill_s(evict * bs, 0)
                     ttft += price
-                    cost = colocated_cost_s(ctx, inst, ttft, compute) if colocated else ttft
+                    cost = colocated_cost_s(ctx, inst, ttft, compute, margin) if colocated else ttft
             key = (over, cost, queue, inst.prefill.queued_tokens)
             if winner is None or key < winner_key:
                 winner, winner_key, winner_fetches = inst, key, fetches
