@@ -13,7 +13,7 @@ from conductor.core.nic import NicBook
 from conductor.core.plan import Plan
 from conductor.core.types import RequestId, Tier
 
-from .helpers import LINEAR_COST, hashes, iid, make_conductor, req
+from .helpers import hashes, iid, make_conductor, req
 
 CHAIN = hashes(*range(1, 11))  # 40 tokens
 
@@ -90,40 +90,3 @@ def test_a_queued_prefill_does_not_block_fetches_from_its_instance(policy: str) 
     assert isinstance(r1, Plan) and r1.prefill == "p1"
     assert r1.fetch is not None and r1.fetch.source == "p0" and r1.fetch.tokens == 32
     assert r1.predicted_ttft_s == pytest.approx(32 * 10e-6 + 0.008)
-
-
-def test_a_held_egress_delays_the_hand_offs_requested_after_it() -> None:
-    """a's two pending hand-offs: one requested at 5 s streaming from 4 s (2 s on the wire:
-    ends 6 s, 1 s after its request with the egress as booked), one requested at 9 s from
-    8.5 s (0.2 s: no tail). a's egress held until 4.5 s: the first ends at 6.5 s, 0.5 s
-    more; until 9 s: the first ends at 11 s (+5 s) and the second at 9.2 s (0.2 s tail where
-    it had none). b's hand-off and a hold that ends before every start add nothing."""
-    book = NicBook()
-    a, b, d = iid("a"), iid("b"), iid("d")
-    book.later(5.0, a, d, 4.0, 2.0)
-    book.later(9.0, a, d, 8.5, 0.2)
-    book.later(5.0, b, d, 4.0, 2.0)
-    assert book.handoff_delay_s(a, 4.5) == pytest.approx(0.5)
-    assert book.handoff_delay_s(a, 9.0) == pytest.approx(5.0 + 0.2)
-    assert book.handoff_delay_s(a, 3.0) == 0.0
-    book.book(a, b, 0.0, 4.5)  # already booked until 4.5: only what lies beyond counts
-    assert book.handoff_delay_s(a, 4.5) == 0.0
-    assert book.handoff_delay_s(a, 5.0) == pytest.approx(0.5)
-
-
-def test_conductor_prices_the_hand_off_a_fetch_would_delay() -> None:
-    """Transfers 0.2 ms per token. p0 holds 32 of the 40 tokens; r0 goes there (8 ms of
-    prefill; its KV, 8 ms on the wire, streams to decode from its start and ends with it).
-    r1 at the same moment: on p0 after r0, 8 + 8 = 16 ms; fetching the 32 tokens to the idle
-    p1, 6.4 + 8 = 14.4 ms, but the fetch holds p0's egress until 6.4 ms, and r0's hand-off
-    then ends 6.4 ms after its prefill: 20.8 ms as priced. p0 (with ``handoff_delay`` 0: the
-    fetch)."""
-    slow = LINEAR_COST.with_(transfer_bytes_per_s=LINEAR_COST.transfer_bytes_per_s / 20)
-    for params, want in (({}, "p0"), ({"handoff_delay": 0.0}, "p1")):
-        c = make_conductor(2, 1, policy="conductor", cost=slow, policy_params=params)
-        c.on_event(BlocksStored(iid("p0"), CHAIN[:8], Tier.DRAM))
-        r0 = c.schedule(req("r0", CHAIN, 40), now_s=0.0)
-        assert isinstance(r0, Plan) and r0.prefill == "p0" and r0.fetch is None
-        r1 = c.schedule(req("r1", CHAIN, 40), now_s=0.0)
-        assert isinstance(r1, Plan) and r1.prefill == want, params
-        assert (r1.fetch is not None) == (want == "p1")

@@ -97,25 +97,6 @@ class NicBook:
         free = max(self.out_free_s.get(source, 0.0), self.in_free_s.get(target, 0.0))
         return free - now_s if free > now_s else 0.0
 
-    def handoff_delay_s(self, source: InstanceId, busy_until_s: float) -> float:
-        """What ``source``'s egress held until ``busy_until_s`` (by a transfer requested
-        now) adds to the tails of the hand-offs out of it requested later: for each, how much
-        later than its request it would end, against its end with the egress as booked
-        (the pending hand-offs' waits on each other left out)."""
-        booked = self.out_free_s.get(source, 0.0)
-        if busy_until_s <= booked:
-            return 0.0
-        total = 0.0
-        for request_s, _, src, _, start_s, seconds in self.pending:
-            if src != source or start_s >= busy_until_s:
-                continue
-            after = busy_until_s + seconds - request_s
-            if after <= 0.0:
-                continue
-            before = (start_s if start_s > booked else booked) + seconds - request_s
-            total += after - before if before > 0.0 else after
-        return total
-
     def book(self, source: InstanceId, target: InstanceId, start_s: float, seconds: float) -> float:
         """Book a transfer of ``seconds`` from ``source`` to ``target`` starting no earlier
         than ``start_s``; returns its predicted end."""

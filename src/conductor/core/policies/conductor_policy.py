@@ -14,12 +14,7 @@ migration, lines 20-21). Where an instance's cache size is known and its cache i
 key adds what its store would evict: ``w x prefill_s(evicted blocks' tokens, 0)``, ``w``
 the measured chance that an evicted block is asked for again
 (:mod:`conductor.core.eviction_regret`; ``policy_params["eviction_weight"]`` overrides it);
-the predicted TTFT does not include it. A fetch holds its source's egress: the key of a
-fetch adds what that holding adds to the tails of the hand-offs the source will send after
-it (its queued prefills' KV to their decode instances,
-:meth:`~conductor.core.nic.NicBook.handoff_delay_s`), a second of another request's tail
-counted as a second of this one's TTFT (``policy_params["handoff_delay"]`` scales it, 0
-turns it off).
+the predicted TTFT does not include it.
 
 On a pool of only ``role=both`` instances (aggregated engines: each decodes what it
 prefills, and a prompt's chunks stall the decodes sharing its steps) the key is
@@ -93,7 +88,6 @@ class ConductorPolicy:
         params = ctx.config.policy_params
         weight = params.get("eviction_weight", ctx.eviction_regret)
         margin = params.get("colocated_tbt_margin", TBT_MARGIN)
-        hd = params.get("handoff_delay", 1.0)
         n_blocks = len(ctx.request.block_hashes)
         bs = ctx.config.block_size_tokens
         evict_s: dict[int, float] = {}  # blocks evicted -> their price (many share one)
@@ -120,12 +114,7 @@ class ConductorPolicy:
                     booked = True
                 if not colocated and winner is not None and (over, queue + fetch) > winner_key[:2]:
                     continue  # loses, whatever its wait (local >= fetch here)
-                source = ctx.fetch_source(iid)
-                wait = ctx.nic_wait_s(source, iid)
-                if hd > 0.0 and nic is not None and source is not None:
-                    busy = now + wait + (fetch - fetch_compute)
-                    fetch += hd * nic.handoff_delay_s(source, busy)
-                fetch += wait
+                fetch += ctx.nic_wait_s(ctx.fetch_source(iid), iid)
             fetches = fetch < local
             rest = fetch if fetches else local
             ttft = queue + rest
