@@ -86,11 +86,19 @@ def colocated_cost_s(
     what a second of TBT does (ten 100 ms budgets). Below the threshold TBT costs nothing:
     a TBT well inside its SLO loses no request, so there the TTFT (the prefix cache) decides
     (a margin of 1 counts all of it, the linear key this replaced)."""
+    return ttft_s / ctx.ttft_slo_s + colocated_tbt_cost(ctx, inst, compute_s, tbt_margin)
+
+
+def colocated_tbt_cost(
+    ctx: SchedulingContext, inst: InstanceState, compute_s: float, tbt_margin: float
+) -> float:
+    """:func:`colocated_cost_s`'s TBT part, which does not depend on the TTFT: a caller that
+    adds to the TTFT (an eviction price) reuses it."""
     out = ctx.output.mean
     stall = _beyond_one_pass(ctx, compute_s)
     share = inst.decode.batch_size * stall / tbt_intervals(out)
     tbt = (colocated_tbt_s(ctx, inst) + share) / ctx.tbt_slo_s - (1.0 - tbt_margin)
-    return ttft_s / ctx.ttft_slo_s + (tbt if tbt > 0.0 else 0.0)
+    return tbt if tbt > 0.0 else 0.0
 
 
 class ColocatedDecode:

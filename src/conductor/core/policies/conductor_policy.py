@@ -45,7 +45,11 @@ from typing import ClassVar
 
 from conductor.core.late_binding_rule import HOLD_AGE_WEIGHT, HOLD_HEADROOM_MARGIN, LateBinding
 from conductor.core.policies.base import DecodeChoice, PrefillChoice, SchedulingContext
-from conductor.core.policies.colocated import all_colocated, colocated_cost_s, colocated_tbt_s
+from conductor.core.policies.colocated import (
+    all_colocated,
+    colocated_tbt_cost,
+    colocated_tbt_s,
+)
 from conductor.core.policies.decode import least_tbt
 from conductor.core.policies.first_interval import first_interval_tbt
 from conductor.core.policies.registry import register
@@ -84,6 +88,7 @@ class ConductorPolicy:
         pool = ctx.prefill_pool
         colocated = all_colocated(pool)
         slo = ctx.tbt_slo_s
+        ttft_slo = ctx.ttft_slo_s
         winner_fetches = False
         params = ctx.config.policy_params
         weight = params.get("eviction_weight", ctx.eviction_regret)
@@ -118,8 +123,13 @@ class ConductorPolicy:
             fetches = fetch < local
             rest = fetch if fetches else local
             ttft = queue + rest
-            compute = (fetch_compute if fetches else local) if colocated else 0.0
-            cost = colocated_cost_s(ctx, inst, ttft, compute, margin) if colocated else ttft
+            tbt_cost = 0.0  # on `both` instances: the key's TBT part (TTFT-independent)
+            if colocated:
+                compute = fetch_compute if fetches else local
+                tbt_cost = colocated_tbt_cost(ctx, inst, compute, margin)
+                cost = ttft / ttft_slo + tbt_cost
+            else:
+                cost = ttft
             if weight > 0.0 and (
                 winner is None
                 or over < winner_key[0]
@@ -132,7 +142,7 @@ class ConductorPolicy:
                     if price is None:
                         price = evict_s[evict] = weight * ctx.cost.prefill_s(evict * bs, 0)
                     ttft += price
-                    cost = colocated_cost_s(ctx, inst, ttft, compute, margin) if colocated else ttft
+                    cost = ttft / ttft_slo + tbt_cost if colocated else ttft
             key = (over, cost, queue, inst.prefill.queued_tokens)
             if winner is None or key < winner_key:
                 winner, winner_key, winner_fetches = inst, key, fetches
