@@ -10,7 +10,7 @@ import pytest
 
 from conductor.core.costmodel import LinearDecode, PolynomialPrefill, preset
 from conductor.core.errors import InvalidInput
-from conductor.core.types import Request, RequestId
+from conductor.core.types import BlockHash, Request, RequestId
 from conductor.sim import SimConfig, max_tokens_outputs, simulate
 from conductor.sim.config import EngineConfig
 
@@ -24,6 +24,27 @@ F = COST.prefill_s(1, 0)
 
 def _req(i: int, t: float, prompt: int, out: int) -> Request:
     return Request(RequestId(f"r{i}"), prompt, (), out, t)
+
+
+def test_a_prefills_computed_chunks_are_reused_before_it_ends() -> None:
+    """vLLM caches a prompt's blocks chunk by chunk. A 40k prompt takes the whole
+    8192-token budget for four steps; a 33k prompt sharing its first 64 blocks (32,768
+    tokens) arrives during the first and is admitted in the fifth, next to the last
+    7232-token chunk: the 32,768 tokens computed by then are cached, so it computes only
+    its last 232 tokens and ends in that step (with blocks cached only at the prefill's
+    end it would have found nothing)."""
+    reqs = [
+        Request(RequestId("r0"), 40_000, tuple(BlockHash(b) for b in range(1, 79)), 1, 0.0),
+        Request(RequestId("r1"), 33_000, tuple(BlockHash(b) for b in range(1, 65)), 1, 0.001),
+    ]
+    plain = EngineConfig(long_prefill_token_threshold=0)
+    cfg = SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST, engine=plain)
+    long, short = simulate(reqs, cfg, outputs=max_tokens_outputs(reqs)).records
+    assert short.local_tokens == 32_768 and short.fetched_tokens == 0
+    four = sum(P(e + 8192, e) for e in range(0, 32_768, 8192))
+    last = F + (P(40_000, 32_768) - F) + (P(33_000, 32_768) - F)
+    assert long.prefill_end_s == pytest.approx(four + last)
+    assert short.prefill_end_s == pytest.approx(four + last)
 
 
 def test_a_short_prompt_does_not_wait_behind_a_long_one() -> None:

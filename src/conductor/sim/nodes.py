@@ -33,6 +33,8 @@ class Seq:
     the running set — the newest is preempted first. ``exclusive_s > 0``: a chunked-pipeline
     stage that runs alone for that long (``group``). ``load_s``: a decode that reads its
     prompt's KV itself (``handoff="load"``) adds this to the step that admits it.
+    ``stored``: how many of its prompt's blocks its engine's prefix cache holds from it so
+    far (a prefill's computed chunks are cached as they are computed, as in vLLM).
     ``fetch_pending``: waits for remote
     prefix blocks (skipped by admission until they arrive). ``factor``: its engine-cost job
     factor (:mod:`conductor.sim.perturb`); ``noise``: what its prefill chunks are multiplied
@@ -58,6 +60,7 @@ class Seq:
         "seg_first",
         "started",
         "step0",
+        "stored",
         "target",
         "tok0",
     )
@@ -88,6 +91,7 @@ class Seq:
         self.noise = 1.0
         self.factor = 1.0
         self.started = False
+        self.stored = 0
         self.fetch_pending = False
         self.exclusive_s = 0.0
         self.load_s = 0.0

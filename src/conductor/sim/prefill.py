@@ -81,6 +81,7 @@ class PrefillSide:
         self.room: dict[int, int] = {}  # request index -> cache blocks its running prefill holds
         self.wake_s = math.inf  # the earliest Wakeup in the queue
         loop.on_start = self.on_start
+        loop.on_chunk = self.on_chunk
         loop.on_first_token = self.on_first_token
         loop.on_stage_done = self.on_stage_done
 
@@ -261,6 +262,7 @@ class PrefillSide:
         rec.local_tokens = cached - fetched
         rec.fetched_tokens = fetched
         seq.computed = seq.base = cached
+        seq.stored = depth
         if seq.exclusive_s > 0:
             rec.prefill_start_s = t
         cache = node.cache
@@ -275,6 +277,32 @@ class PrefillSide:
                 evicted = cache.reserve(n)
                 if evicted:
                     self.emit(t, BlocksRemoved(node.iid, tuple(evicted), Tier.DRAM))
+
+    def on_chunk(self, t: float, node: Engine, seq: Seq) -> None:
+        """A chunk of ``seq``'s prompt was computed on ``node`` and more is to come: its
+        full blocks computed so far are cached (out of the room its prefill holds) and
+        published, as vLLM caches a partial prefill's blocks step by step."""
+        cache = node.cache
+        if cache is None or not node.role.prefills:
+            return
+        chain = self.requests[seq.index].block_hashes
+        n = min(seq.computed // self.block, cache.kept(len(chain)))
+        if n <= seq.stored:
+            return
+        part = chain[seq.stored : n]
+        held = self.room.get(seq.index, 0)
+        if held:
+            give = min(held, sum(1 for h in part if h not in cache))
+            cache.release(give)
+            self.room[seq.index] = held - give
+        seq.stored = n
+        # the new blocks only: what they add is the room given back, so nothing of the
+        # chain stored in earlier steps is evicted for them
+        stored, evicted = cache.insert(part)
+        if evicted:
+            self.emit(t, BlocksRemoved(node.iid, tuple(evicted), Tier.DRAM))
+        if stored:
+            self.emit(t, BlocksStored(node.iid, tuple(stored), Tier.DRAM))
 
     def on_first_token(self, t: float, node: Engine, seq: Seq) -> None:
         """The prefill of ``seq``'s prompt ended on ``node`` at ``t``."""
