@@ -181,6 +181,23 @@ def test_a_running_prefill_holds_room_in_the_cache_until_it_stores() -> None:
     assert c.reserved == 0
 
 
+def test_a_running_prefill_stores_its_chunks_in_the_room_it_holds() -> None:
+    """Chunk by chunk: the new blocks take the room the prefill holds, evicting nothing; a
+    block already cached is refreshed and takes no room; blocks beyond the room held go
+    over the capacity until ``trim`` evicts the least recently used, never the newest."""
+    c = LruBlockCache(4)
+    h = [BlockHash(i) for i in range(8)]
+    c.insert(h[:2])
+    assert c.reserve(2) == []  # room for 2 more blocks: the cache holds 2 of 4
+    assert c.store_held([h[2]], 2) == ([h[2]], 1)
+    assert c.store_held([h[0], h[3]], 1) == ([h[3]], 1)  # 0 refreshed: LRU 1, 2, 0, 3
+    assert c.reserved == 0 and len(c) == 4
+    assert c.store_held([h[4], h[5]], 0) == ([h[4], h[5]], 0)
+    assert len(c) == 6
+    assert c.trim(2) == [h[1], h[2]]  # over by 2: the oldest go, not the 2 just stored
+    assert c.prefix_blocks([h[0], h[3], h[4], h[5]]) == 4
+
+
 @pytest.mark.parametrize("arrives", [5.5, 9.0])
 def test_a_prefill_evicts_when_it_starts_not_when_it_ends(arrives: float) -> None:
     """One prefill instance with a cache of 4 blocks holding document A (2 blocks, stored

@@ -6,8 +6,8 @@ returns what it stored and evicted so the simulator can publish KV events.
 
 A prefill that runs takes room for the blocks it will store from the moment it starts
 (:meth:`reserve`, as an engine allocates KV for the chunks it computes; vLLM evicts free
-cached blocks to do so), and gives it back when it stores them (:meth:`release`, then
-:meth:`insert`). Its hits are refreshed when it starts (:meth:`touch`), so the room it takes
+cached blocks to do so), and gives it back as it stores them: each computed chunk's blocks
+(:meth:`store_held`), the rest when the prompt ends (:meth:`release`, then :meth:`insert`). Its hits are refreshed when it starts (:meth:`touch`), so the room it takes
 never evicts its own prefix.
 """
 
@@ -75,6 +75,33 @@ class LruBlockCache:
             over = min(len(lru) + self.reserved - cap, len(lru) - len(hashes))
             evicted = self._evict_oldest(over)
         return stored, evicted
+
+    def store_held(self, hashes: Sequence[BlockHash], held: int) -> tuple[list[BlockHash], int]:
+        """Store the new ``hashes`` of a running prefill (the blocks its latest chunk
+        computed, most recent last) in the room it holds: up to ``held`` blocks of
+        :meth:`reserve`'s room are given back for them (nothing is evicted for those).
+        Returns (newly stored, room given back); blocks already cached are refreshed."""
+        lru = self._lru
+        if any(map(lru.__contains__, hashes)):
+            for h in hashes:
+                if h in lru:
+                    lru.move_to_end(h)
+            new = [h for h in hashes if h not in lru]
+        else:
+            new = list(hashes)
+        give = min(held, len(new))
+        self.reserved -= give
+        lru.update(dict.fromkeys(new))
+        return new, give
+
+    def trim(self, keep_recent: int) -> list[BlockHash]:
+        """Evict the least recently used blocks beyond the capacity (room held counted),
+        never the ``keep_recent`` most recent; returns them."""
+        cap = self.capacity_blocks
+        if cap is None:
+            return []
+        lru = self._lru
+        return self._evict_oldest(min(len(lru) + self.reserved - cap, len(lru) - keep_recent))
 
     def kept(self, n: int) -> int:
         """How many blocks of an ``n``-block chain the cache keeps (a chain longer than

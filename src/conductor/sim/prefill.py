@@ -290,17 +290,15 @@ class PrefillSide:
         if n <= seq.stored:
             return
         part = chain[seq.stored : n]
-        held = self.room.get(seq.index, 0)
-        if held:
-            give = min(held, sum(1 for h in part if h not in cache))
-            cache.release(give)
-            self.room[seq.index] = held - give
         seq.stored = n
-        # the new blocks only: what they add is the room given back, so nothing of the
-        # chain stored in earlier steps is evicted for them
-        stored, evicted = cache.insert(part)
-        if evicted:
-            self.emit(t, BlocksRemoved(node.iid, tuple(evicted), Tier.DRAM))
+        held = self.room.get(seq.index, 0)
+        stored, give = cache.store_held(part, held)
+        if give:
+            self.room[seq.index] = held - give
+        if len(stored) > give:  # more new blocks than the room held: over the capacity
+            evicted = cache.trim(len(part))
+            if evicted:
+                self.emit(t, BlocksRemoved(node.iid, tuple(evicted), Tier.DRAM))
         if stored:
             self.emit(t, BlocksStored(node.iid, tuple(stored), Tier.DRAM))
 
