@@ -33,8 +33,12 @@ the client stream every token). How late the engines' steps handed their tokens 
 average (``conductor_emulator_late_seconds_total`` over steps), is printed and kept per
 policy: the machine's own share of every token interval, which the simulator does not have;
 and the mean TBT of the completed streams as the gateway relayed them
-(``conductor_observed_tbt_seconds``) beside the client's and the simulated one. Figures
-only: nothing passes or fails on a timing.
+(``conductor_observed_tbt_seconds``) beside the client's and the simulated one. Prefix hit
+rates: the simulator's ``cache_hit_rate`` is the prefill engines' (what their prefills
+reused); compare it with the prefill-capable engines' own counters (``engines``, printed),
+not with the replay's ``cache_hit_rate``, which under P/D is the decode engines' (the client's
+``cached_tokens`` come from the decode leg). Figures only: nothing passes or fails on a
+timing.
 """
 
 from __future__ import annotations
@@ -375,6 +379,10 @@ def main() -> int:
         late = real["engines"][decoding]["late_ms_per_step"]
         print(f"{'':<18} {decoding} engines' steps handed out {late} ms late on average",
               flush=True)  # fmt: skip
+        prefilling = "prefill" if "prefill" in real["engines"] else "both"
+        print(f"{'':<18} prefix hit rate of the {prefilling} engines (their own counters) "
+              f"{real['engines'][prefilling]['prefix_hit_rate']}, simulated "
+              f"{sim['cache_hit_rate']:.4f}", flush=True)  # fmt: skip
         relay = real["relay"]
         print(f"{'':<18} mean TBT as the gateway relayed it {relay['tbt_mean_ms']} ms, at the "
               f"client {relay['client_tbt_mean_ms']} ms, simulated "
