@@ -58,6 +58,7 @@ def test_check_prints_the_resolved_configuration(model_dir: Path) -> None:
             "topic": "",
             "kind": "vllm",
             "max_blocks": None,
+            "prefill_lanes": 1,
         },
         {
             "id": "dec",
@@ -70,6 +71,7 @@ def test_check_prints_the_resolved_configuration(model_dir: Path) -> None:
             "topic": "",
             "kind": "vllm",
             "max_blocks": None,
+            "prefill_lanes": 1,
         },
     ]
 
@@ -153,7 +155,8 @@ def test_admin_token_from_environment(model_dir: Path) -> None:
         (
             ["--engine", "http://h:1,role=both,colour=red"],
             "invalid engines[0].colour='red': unknown key; known: ('id', 'url', 'role', "
-            "'kv_events', 'replay', 'model', 'block_size', 'topic', 'kind', 'max_blocks')",
+            "'kv_events', 'replay', 'model', 'block_size', 'topic', 'kind', 'max_blocks', "
+            "'prefill_lanes')",
         ),
         (
             ["--engine", "http://h:1,both"],

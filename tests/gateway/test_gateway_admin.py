@@ -7,7 +7,9 @@ from dataclasses import replace
 import httpx
 import pytest
 
+from conductor.core.errors import InvalidInput
 from conductor.core.types import InstanceId
+from conductor.gateway.config import engine_from_mapping
 from tests.gateway.harness import TOKEN, admin_headers, client_for, engine, make_gateway
 
 pytestmark = pytest.mark.anyio
@@ -135,6 +137,29 @@ async def test_list_add_drain_resume_remove() -> None:
         listed = (await client.get("/admin/engines", headers=auth)).json()
         assert [e["id"] for e in listed["engines"]] == ["e0"]
     assert gw.conductor.inflight() == 0
+
+
+def test_an_engines_prefill_lanes_reach_the_scheduler() -> None:
+    """``prefill_lanes`` (an engine that prefills prompts side by side) is the scheduler's
+    ``InstanceSpec.prefill_lanes``; 1 when not given; 0 or a word is a clear error."""
+    given = engine_from_mapping(
+        {"url": "http://10.0.0.1:8000", "role": "prefill", "id": "e0", "prefill_lanes": "2"},
+        default_block_size=16,
+    )
+    assert given.prefill_lanes == 2 and given.to_json()["prefill_lanes"] == 2
+    lanes = replace(engine("e0", "http://10.0.0.1:8000"), prefill_lanes=given.prefill_lanes)
+    gw = make_gateway([lanes, engine("e1", "http://10.0.0.2:8000")], transport=transport([]))
+    assert gw.conductor.instances[InstanceId("e0")].spec.prefill_lanes == 2
+    assert gw.conductor.instances[InstanceId("e1")].spec.prefill_lanes == 1
+    for bad, why in ((0, "must be >= 1"), ("two", "must be an integer")):
+        with pytest.raises(InvalidInput) as err:
+            engine_from_mapping(
+                {"url": "http://10.0.0.1:8000", "role": "prefill", "prefill_lanes": bad},
+                default_block_size=16,
+                where="engines[0]",
+            )
+        assert (err.value.field, err.value.value) == ("engines[0].prefill_lanes", bad)
+        assert why in err.value.why
 
 
 def test_an_engines_kv_capacity_sizes_its_prefix_cache_for_the_scheduler() -> None:

@@ -47,6 +47,24 @@ def test_a_prefills_computed_chunks_are_reused_before_it_ends() -> None:
     assert short.prefill_end_s == pytest.approx(four + last)
 
 
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_the_scheduler_told_of_the_engines_lanes_predicts_the_short_prompts_wait(
+    lanes: int,
+) -> None:
+    """The same two prompts as below, the scheduler told that each engine prefills two
+    prompts side by side (``prefill_lanes``, what these engines do) or not: the short
+    prompt's predicted TTFT is twice its own prefill (processor sharing with the long one)
+    against its wait for the whole long prompt; it really ends after 0.131 s."""
+    reqs = [_req(0, 0.0, 40_000, 1), _req(1, 0.001, 1000, 1)]
+    cfg = SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST)
+    assert cfg.engine_lanes() == 2  # 8192-token budget, 4096 tokens per prompt and step
+    cfg = SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST, prefill_lanes=lanes)
+    _, short = simulate(reqs, cfg, outputs=max_tokens_outputs(reqs)).records
+    assert short.ttft_s == pytest.approx(P(4096, 0) + P(8192, 4096) + P(1000, 0) - F - 0.001)
+    shared, queued = 2 * P(1000, 0), P(40_000, 0) - 0.001 + P(1000, 0)
+    assert short.predicted_ttft_s == pytest.approx(shared if lanes == 2 else queued)
+
+
 def test_a_short_prompt_does_not_wait_behind_a_long_one() -> None:
     """A 40k prompt takes 4096 tokens a step (the long-prefill cap); a 1k prompt arriving
     during its first step shares the second step and is done after it."""

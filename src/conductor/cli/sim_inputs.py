@@ -49,6 +49,7 @@ from conductor.cli.sim_options import (
     MaxTokensOpt,
     OracleOpt,
     PoolOpt,
+    PrefillLanesOpt,
     PrefillOpt,
     PresetOpt,
     ReplicasOpt,
@@ -109,6 +110,7 @@ _CLUSTER: tuple[_Spec, ...] = (
     ("first_token", FirstTokenOpt, DEFAULTS.first_token),
     ("decode_cache", DecodeCacheOpt, DEFAULTS.decode_cache),
     ("kv_fetch", KvFetchOpt, DEFAULTS.kv_fetch),
+    ("prefill_lanes", PrefillLanesOpt, str(DEFAULTS.prefill_lanes)),
 )
 _TRACE: tuple[_Spec, ...] = (
     ("trace", TraceOpt, None),

@@ -8,7 +8,7 @@ are checked by those dataclasses, and their errors name the option
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -64,6 +64,7 @@ FLAGS = {
     "first_token": "--first-token",
     "decode_cache": "--decode-cache",
     "kv_fetch": "--kv-fetch",
+    "prefill_lanes": "--prefill-lanes",
 }
 """Config field -> the option that sets it."""
 
@@ -205,6 +206,15 @@ KvFetchOpt = Annotated[
         " --no-kv-fetch: each reuses its own cache only, as behind conductor serve",
     ),
 ]
+PrefillLanesOpt = Annotated[
+    str,
+    typer.Option(
+        "--prefill-lanes",
+        help="what the scheduler assumes of prompts prefilled side by side per engine: 1 (one"
+        " after another, its queue model), N, or engine (max-num-batched-tokens //"
+        " long-prefill-tokens, what the simulated engines do)",
+    ),
+]
 PoolOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -327,6 +337,8 @@ class ClusterOptions:
     first_token: str = DEFAULTS.first_token
     decode_cache: bool = DEFAULTS.decode_cache
     kv_fetch: bool = DEFAULTS.kv_fetch
+    prefill_lanes: str = str(DEFAULTS.prefill_lanes)
+    """``--prefill-lanes``: a count, or ``engine`` (the engines' own)."""
 
 
 def build_config(
@@ -364,7 +376,10 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         block_size_tokens=o.kv_block_tokens,
         long_prefill_token_threshold=o.long_prefill_tokens,
     )
-    return SimConfig(
+    lanes = o.prefill_lanes.strip()
+    if lanes != "engine" and not lanes.isdigit():
+        raise InvalidInput("prefill_lanes", o.prefill_lanes, "must be a count >= 1 or 'engine'")
+    cfg = SimConfig(
         policy=policy,
         n_prefill=o.prefill,
         n_decode=o.decode,
@@ -388,4 +403,6 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         oracle_lengths=o.oracle_lengths,
         load_sample_every_s=LOAD_SAMPLE_EVERY_S if load_plot else 0.0,
         replica_sample_every_s=REPLICA_SAMPLE_EVERY_S if load_plot else 0.0,
+        prefill_lanes=1 if lanes == "engine" else int(lanes),
     )
+    return replace(cfg, prefill_lanes=cfg.engine_lanes()) if lanes == "engine" else cfg

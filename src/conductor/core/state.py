@@ -42,6 +42,12 @@ class InstanceSpec:
     """Whether it can fetch KV blocks from another instance's cache (Algorithm 1's remote
     prefix). A gateway's engines cannot (no shared KV store between them): their plans reuse
     their own cache only, while their KV hand-offs to decode still take NIC time."""
+    prefill_lanes: int = 1
+    """How many prompts its engine prefills side by side: vLLM with partial prefills caps a
+    prompt's tokens per step (``long_prefill_token_threshold``), so ``max_num_batched_tokens
+    // long_prefill_token_threshold`` prompts share each step and a short prompt does not
+    wait for a long one to end; 1 (vLLM's default): one after another, first come first
+    served. Read by :meth:`PrefillState.wait_s`."""
 
 
 @dataclass(slots=True)
@@ -59,6 +65,45 @@ class PrefillState:
     def queue_s(self, now_s: float) -> float:
         q = self.busy_until_s - now_s
         return q if q > 0.0 else 0.0
+
+    def wait_s(self, now_s: float, work_s: float, lanes: int) -> float:
+        """How long a new prefill of ``work_s`` seconds would wait here: its predicted end
+        less ``work_s``. With one lane, the queue (first come, first served). With ``lanes``
+        > 1, processor sharing among at most ``lanes`` prompts, admitted first come first
+        served: the queued prefills' predicted times, the oldest reduced so that they sum
+        to the backlog (what the running ones have done), share the engine's speed with the
+        new one while fewer than ``lanes`` are left ahead of it — a short prompt behind a
+        long one ends after about ``lanes x`` its own time."""
+        q = self.busy_until_s - now_s
+        if q <= 0.0 or lanes <= 1 or not self._pred_s:
+            return q if q > 0.0 else 0.0
+        ahead = list(self._pred_s.values())
+        excess = self._sum_pred_s - q
+        i = 0  # the oldest not done
+        while excess > 0.0 and i < len(ahead):
+            if ahead[i] <= excess:
+                excess -= ahead[i]
+                i += 1
+            else:
+                ahead[i] -= excess
+                excess = 0.0
+        ahead.append(work_s)
+        me = len(ahead) - 1
+        active = list(range(i, min(i + lanes, len(ahead))))
+        nxt = i + len(active)
+        t = 0.0
+        while True:
+            j = min(active, key=ahead.__getitem__)
+            step = ahead[j]
+            t += step * len(active)
+            for a in active:
+                ahead[a] -= step
+            active.remove(j)
+            if j == me:
+                return t - work_s if t > work_s else 0.0
+            if nxt < len(ahead):
+                active.append(nxt)
+                nxt += 1
 
     def assign(self, rid: RequestId, predicted_s: float, new_tokens: int, now_s: float) -> float:
         """Queue ``rid``; returns its predicted prefill end."""

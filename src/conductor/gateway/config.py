@@ -32,6 +32,7 @@ ENGINE_KEYS = (
     "topic",
     "kind",
     "max_blocks",
+    "prefill_lanes",
 )
 """The keys an engine may be given (TOML table, ``--engine`` option, admin JSON body)."""
 
@@ -69,8 +70,10 @@ class EngineConfig:
     to subscribe to ("" = all); ``max_blocks``: the most blocks its KV events may claim, over
     all tiers (its KV capacity; None: ``MonitorConfig.kv_max_blocks``); when given, also its
     prefix cache's size for the scheduler (``conductor`` prices what a placement there would
-    evict; unknown, it prices nothing). ``kv_events`` and
-    ``replay`` may be ``ipc://`` paths.
+    evict; unknown, it prices nothing); ``prefill_lanes``: how many prompts it prefills side
+    by side (vLLM with partial prefills: ``--max-num-batched-tokens`` over
+    ``--long-prefill-token-threshold``; 1, its default: one after another), which the
+    scheduler's predicted waits follow. ``kv_events`` and ``replay`` may be ``ipc://`` paths.
     """
 
     engine_id: str
@@ -83,6 +86,7 @@ class EngineConfig:
     topic: str = ""
     kind: str = DEFAULT_KIND
     max_blocks: int | None = None
+    prefill_lanes: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine_id, str) or not _ID_RE.match(self.engine_id):
@@ -102,6 +106,7 @@ class EngineConfig:
         check_positive("block_size", self.block_size_tokens)
         if self.max_blocks is not None:
             check_at_least("max_blocks", self.max_blocks, 1)
+        check_at_least("prefill_lanes", self.prefill_lanes, 1)
         if self.model is not None and not self.model:
             raise InvalidInput("model", self.model, "must not be empty")
 
@@ -117,6 +122,7 @@ class EngineConfig:
             "topic": self.topic,
             "kind": self.kind,
             "max_blocks": self.max_blocks,
+            "prefill_lanes": self.prefill_lanes,
         }
 
 
@@ -171,6 +177,8 @@ def engine_from_mapping(
     block_size = integer("block_size", default_block_size)
     assert block_size is not None
     max_blocks = integer("max_blocks", None)
+    lanes = integer("prefill_lanes", 1)
+    assert lanes is not None
     engine_id = text("id") or default_engine_id(url)
     kv_events, replay, model = text("kv_events"), text("replay"), text("model")
     topic, kind = text("topic") or "", text("kind") or DEFAULT_KIND
@@ -186,6 +194,7 @@ def engine_from_mapping(
             topic=topic,
             kind=kind,
             max_blocks=max_blocks,
+            prefill_lanes=lanes,
         )
     except InvalidInput as exc:
         raise InvalidInput(f"{where}.{exc.field}", exc.value, exc.why) from None

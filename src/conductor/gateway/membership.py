@@ -75,7 +75,13 @@ class EngineSet:
         # there would evict
         cache = config.max_blocks * config.block_size_tokens if config.max_blocks else None
         self.conductor.add_instance(
-            InstanceSpec(engine_id, config.role, pulls_kv=False, cache_capacity_tokens=cache)
+            InstanceSpec(
+                engine_id,
+                config.role,
+                pulls_kv=False,
+                cache_capacity_tokens=cache,
+                prefill_lanes=config.prefill_lanes,
+            )
         )
         monitor = self.monitor
         handle = make_handle(

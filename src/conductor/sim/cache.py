@@ -7,8 +7,9 @@ returns what it stored and evicted so the simulator can publish KV events.
 A prefill that runs takes room for the blocks it will store from the moment it starts
 (:meth:`reserve`, as an engine allocates KV for the chunks it computes; vLLM evicts free
 cached blocks to do so), and gives it back as it stores them: each computed chunk's blocks
-(:meth:`store_held`), the rest when the prompt ends (:meth:`release`, then :meth:`insert`). Its hits are refreshed when it starts (:meth:`touch`), so the room it takes
-never evicts its own prefix.
+(:meth:`store_held`), the rest when the prompt ends (:meth:`release`, then :meth:`insert`).
+Its hits are refreshed when it starts (:meth:`touch`), so the room it takes never evicts its
+own prefix.
 """
 
 from __future__ import annotations

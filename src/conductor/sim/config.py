@@ -91,6 +91,10 @@ class SimConfig:
     (Mooncake Store; Algorithm 1's remote fetch). Off: no store between engines, as behind
     ``conductor serve``, whose instances are registered with ``pulls_kv = False``: plans
     reuse each instance's own cache only.
+    ``prefill_lanes``: what the scheduler is told of how many prompts each prefill-capable
+    engine prefills side by side (``InstanceSpec.prefill_lanes``): 1, one after another (its
+    queue model: first come, first served); ``engine.max_num_batched_tokens //
+    engine.long_prefill_token_threshold`` (:meth:`engine_lanes`) is what these engines do.
     """
 
     policy: str = DEFAULT_POLICY
@@ -119,6 +123,7 @@ class SimConfig:
     first_token: str = "prefill"
     decode_cache: bool = True
     kv_fetch: bool = True
+    prefill_lanes: int = 1
 
     def __post_init__(self) -> None:
         check_policy(self.policy)
@@ -139,6 +144,15 @@ class SimConfig:
         check_at_least("sync_delay_s", self.sync_delay_s, 0)
         check_choice("handoff", self.handoff, HANDOFFS)
         check_choice("first_token", self.first_token, FIRST_TOKEN_SOURCES)
+        check_at_least("prefill_lanes", self.prefill_lanes, 1)
+
+    def engine_lanes(self) -> int:
+        """How many prompts the engines prefill side by side: their token budget over the
+        most tokens one prompt takes per step (1 without that cap)."""
+        cap = self.engine.long_prefill_token_threshold
+        if cap <= 0:
+            return 1
+        return max(1, self.engine.max_num_batched_tokens // cap)
 
     @property
     def cache_capacity_blocks(self) -> int | None:

@@ -93,7 +93,13 @@ def make_engines(cfg: SimConfig, scheduler: Scheduler) -> dict[InstanceId, Engin
             iid = InstanceId(f"{role.value}-{i}")
             cache_tokens = cfg.cache_capacity_tokens if role.prefills else None
             scheduler.add_instance(
-                InstanceSpec(iid, role, pulls_kv=cfg.kv_fetch, cache_capacity_tokens=cache_tokens)
+                InstanceSpec(
+                    iid,
+                    role,
+                    pulls_kv=cfg.kv_fetch,
+                    cache_capacity_tokens=cache_tokens,
+                    prefill_lanes=cfg.prefill_lanes,
+                )
             )
             cache = LruBlockCache(cfg.cache_capacity_blocks) if role.prefills else None
             if role is Role.DECODE and cfg.decode_cache:

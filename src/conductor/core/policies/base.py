@@ -165,17 +165,27 @@ class SchedulingContext:
                 return h
         return None
 
+    def wait_s(self, inst: InstanceState, compute_s: float) -> float:
+        """How long a prefill of ``compute_s`` seconds would wait on ``inst`` now: its queue,
+        or with an engine that prefills several prompts side by side (``prefill_lanes``)
+        the processor-sharing estimate (:meth:`~conductor.core.state.PrefillState.wait_s`)."""
+        lanes = inst.spec.prefill_lanes
+        if lanes > 1:
+            return inst.prefill.wait_s(self.now_s, compute_s, lanes)
+        return inst.prefill.queue_s(self.now_s)
+
     def local_choice(self, inst: InstanceState) -> PrefillChoice:
         """Compute on ``inst`` reusing only its own cache."""
         local = self.local_tokens(inst)
+        compute = self.prefill_s(local)
         return PrefillChoice(
             inst.spec.instance_id,
             local,
             0,
             None,
-            inst.prefill.queue_s(self.now_s),
+            self.wait_s(inst, compute),
             0.0,
-            self.prefill_s(local),
+            compute,
         )
 
     def fetch_choice(self, inst: InstanceState) -> PrefillChoice:
@@ -189,14 +199,15 @@ class SchedulingContext:
             return self.local_choice(inst)
         fetch = best - local
         bw = inst.spec.nic_bytes_per_s
+        compute = self.prefill_s(best)
         return PrefillChoice(
             iid,
             local,
             fetch,
             source,
-            inst.prefill.queue_s(self.now_s),
+            self.wait_s(inst, compute),
             self.cost.transfer_s(fetch, bw) + self.nic_wait_s(source, iid),
-            self.prefill_s(best),
+            compute,
         )
 
 

@@ -45,7 +45,6 @@ class MooncakePolicy:
         ``ctx.fetch_choice``. Only the winner's choice object is built, by those methods,
         so the plan is the one ``argmin_ttft`` over every candidate's choice would give.
         """
-        now = ctx.now_s
         local_blocks = ctx.match.local_blocks.get
         holders = ctx.match.best_holders
         sole = holders[0] if len(holders) == 1 else None
@@ -64,7 +63,7 @@ class MooncakePolicy:
             transfer, compute, fetches = est
             if fetches:
                 transfer += ctx.nic_wait_s(ctx.fetch_source(iid), iid)
-            ttft = inst.prefill.queue_s(now) + transfer + compute
+            ttft = ctx.wait_s(inst, compute) + transfer + compute
             if winner is None or ttft < winner_ttft:
                 winner, winner_ttft, winner_fetches = inst, ttft, fetches
         assert winner is not None, "prefill pool is empty"
