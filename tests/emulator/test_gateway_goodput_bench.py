@@ -41,9 +41,10 @@ def test_two_policies_through_the_gateway_beside_the_simulator(tmp_path: Path) -
     lines = done.stdout.splitlines()
     header = ["goodput", "att.", "rej.", "TTFT", "s"]
     assert lines[1].split() == ["policy", *header, *header]
-    assert [line.split()[0] for line in lines[2:8:3]] == ["conductor", "round_robin"]
-    assert all("decode engines' steps handed out" in line for line in lines[3:9:3])
-    assert all("mean TBT as the gateway relayed it" in line for line in lines[4:10:3])
+    assert [line.split()[0] for line in lines[2:10:4]] == ["conductor", "round_robin"]
+    assert all("decode engines' steps handed out" in line for line in lines[3:11:4])
+    assert all("prefix hit rate of the prefill engines" in line for line in lines[4:12:4])
+    assert all("mean TBT as the gateway relayed it" in line for line in lines[5:13:4])
     result = json.loads(out.read_text())
     assert result["workload"] == {
         "kind": "agent", "requests": 4, "rate_rps": 2.5, "seed": 19, "speed": 4.0,

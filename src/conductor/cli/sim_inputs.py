@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -49,7 +49,6 @@ from conductor.cli.sim_options import (
     MaxTokensOpt,
     OracleOpt,
     PoolOpt,
-    PrefillLanesOpt,
     PrefillOpt,
     PresetOpt,
     ReplicasOpt,
@@ -75,6 +74,16 @@ from conductor.sim.config import SimConfig
 from conductor.sim.pools import Pool, PoolShape, parse_pool, split_cluster
 from conductor.workload.max_tokens import MaxTokens
 from conductor.workload.trace import split_by_model
+
+PrefillLanesOpt = Annotated[
+    str,
+    typer.Option(
+        "--prefill-lanes",
+        help="what the scheduler assumes of prompts prefilled side by side per engine: 1 (one"
+        " after another, its queue model), N, or engine (max-num-batched-tokens //"
+        " long-prefill-tokens, what the simulated engines do)",
+    ),
+]
 
 __all__ = ["TraceInput", "Workload", "pools_for", "shared_options"]
 

@@ -206,15 +206,6 @@ KvFetchOpt = Annotated[
         " --no-kv-fetch: each reuses its own cache only, as behind conductor serve",
     ),
 ]
-PrefillLanesOpt = Annotated[
-    str,
-    typer.Option(
-        "--prefill-lanes",
-        help="what the scheduler assumes of prompts prefilled side by side per engine: 1 (one"
-        " after another, its queue model), N, or engine (max-num-batched-tokens //"
-        " long-prefill-tokens, what the simulated engines do)",
-    ),
-]
 PoolOpt = Annotated[
     list[str] | None,
     typer.Option(

@@ -35,12 +35,10 @@ chunked-pipeline stage (``Seq.exclusive_s``) runs alone, once nothing else is ru
 its planned time; waiting requests behind it wait (FCFS).
 
 The step that computes a prompt's last token emits a token (the first, or after a
-recompute the next one); a decoding request emits one per step. The full blocks a step's
-chunk computes are cached (and published) when the step ends, before the prompt is done,
-as vLLM's are: a request admitted in a later step reuses them. Decodes are kept as sums
-(``Engine.ctx``) and a finish heap (exact per-request blocks are counted only when the sum
-says they might not fit), and runs of decode-only steps go without an event per step
-(:mod:`conductor.sim.cruise`).
+recompute the next one); a decoding request emits one per step; a chunk's full blocks are
+cached when its step ends (as vLLM's are). Decodes are kept as sums (``Engine.ctx``) and a
+finish heap (exact per-request blocks are counted only when the sum says they might not
+fit), and runs of decode-only steps go without an event per step (:mod:`conductor.sim.cruise`).
 """
 
 from __future__ import annotations
@@ -72,10 +70,10 @@ def _ignore(event: Event) -> None:
 
 class EngineLoop:
     """Forms and ends the steps of every engine. The shell sets the hooks: ``on_start``
-    (a request is considered for admission for the first time: set its cached prefix),
-    ``on_first_token`` (a prompt's prefill finished: hand off, or keep decoding here),
-    ``on_finished`` (its last token), ``on_stage_done`` (a pipeline stage ended) and
-    ``on_chunk`` (a prompt chunk was computed and the prompt is not done: cache its blocks)."""
+    (a request is first considered for admission: set its cached prefix), ``on_chunk`` (a
+    chunk computed, the prompt not done: cache its blocks), ``on_first_token`` (a prompt's
+    prefill finished: hand off, or keep decoding here), ``on_finished`` (its last token)
+    and ``on_stage_done`` (a pipeline stage ended)."""
 
     def __init__(
         self, engine_cost: EngineCost, records: list[RequestRecord], events: EventQueue
