@@ -275,6 +275,23 @@ def test_no_kv_fetch_reaches_the_simulation(tmp_path: Path) -> None:
     assert runs["local"]["fetched_tokens"] == 0
 
 
+def test_prefill_lanes_reach_the_simulation_and_its_json(tmp_path: Path) -> None:
+    """``--prefill-lanes engine`` tells the scheduler what the engines do (8192 // 4096 = 2
+    by default), the JSON says so; 1 by default; a word is an error naming the option."""
+    trace = str(_trace(tmp_path, n=60))
+    base = ["simulate", "--trace", trace, "--prefill", "2", "--decode", "2"]
+    lanes = {}
+    for name, extra in {"default": [], "engine": ["--prefill-lanes", "engine"]}.items():
+        out = tmp_path / f"{name}.json"
+        result = runner.invoke(app, [*base, *extra, "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        lanes[name] = json.loads(out.read_text())["prefill_lanes"]
+    assert lanes == {"default": 1, "engine": 2}
+    r = runner.invoke(app, [*base, "--prefill-lanes", "two"])
+    assert r.exit_code == 2
+    assert r.stderr.startswith("error: invalid --prefill-lanes='two': must be a count >= 1")
+
+
 def test_replica_options_are_named() -> None:
     r = runner.invoke(app, ["simulate", "--replicas", "0"])
     assert r.exit_code == 2 and r.stderr.startswith("error: invalid --replicas=0: must be >= 1")

@@ -99,6 +99,7 @@ def summary(
         "cost_bias": None,
         "cost_correction": None,
         "kv_fetch": None,
+        "prefill_lanes": None,
         **summarize(records, ttft_slo_s=ttft_slo_s, tbt_slo_s=tbt_slo_s, duration_s=duration_s),
         "sim_wall_s": round(wall_s, 3),
         "max_tokens": "trace",

@@ -185,6 +185,7 @@ def _total(pools: Sequence[Pool], results: Mapping[str, SimResult]) -> SimResult
             "cost_bias",
             "cost_correction",
             "kv_fetch",
+            "prefill_lanes",
         )
     }
     summary.update(

@@ -279,6 +279,7 @@ def simulate(
         "cost_bias": cfg.cost_bias,
         "cost_correction": sched.cost_correction,
         "kv_fetch": cfg.kv_fetch,
+        "prefill_lanes": cfg.prefill_lanes,
         **summarize(
             sim.records,
             ttft_slo_s=sched.ttft_slo_s,
