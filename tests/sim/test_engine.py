@@ -56,8 +56,7 @@ def test_the_scheduler_told_of_the_engines_lanes_predicts_the_short_prompts_wait
     prompt's predicted TTFT is twice its own prefill (processor sharing with the long one)
     against its wait for the whole long prompt; it really ends after 0.131 s."""
     reqs = [_req(0, 0.0, 40_000, 1), _req(1, 0.001, 1000, 1)]
-    cfg = SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST)
-    assert cfg.engine_lanes() == 2  # 8192-token budget, 4096 tokens per prompt and step
+    assert EngineConfig().lanes() == 2  # 8192-token budget, 4096 tokens per prompt and step
     cfg = SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST, prefill_lanes=lanes)
     _, short = simulate(reqs, cfg, outputs=max_tokens_outputs(reqs)).records
     assert short.ttft_s == pytest.approx(P(4096, 0) + P(8192, 4096) + P(1000, 0) - F - 0.001)

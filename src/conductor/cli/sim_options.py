@@ -8,7 +8,7 @@ are checked by those dataclasses, and their errors name the option
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -370,7 +370,7 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
     lanes = o.prefill_lanes.strip()
     if lanes != "engine" and not lanes.isdigit():
         raise InvalidInput("prefill_lanes", o.prefill_lanes, "must be a count >= 1 or 'engine'")
-    cfg = SimConfig(
+    return SimConfig(
         policy=policy,
         n_prefill=o.prefill,
         n_decode=o.decode,
@@ -394,6 +394,5 @@ def _config(o: ClusterOptions, policy: str, load_plot: bool) -> SimConfig:
         oracle_lengths=o.oracle_lengths,
         load_sample_every_s=LOAD_SAMPLE_EVERY_S if load_plot else 0.0,
         replica_sample_every_s=REPLICA_SAMPLE_EVERY_S if load_plot else 0.0,
-        prefill_lanes=1 if lanes == "engine" else int(lanes),
+        prefill_lanes=engine.lanes() if lanes == "engine" else int(lanes),
     )
-    return replace(cfg, prefill_lanes=cfg.engine_lanes()) if lanes == "engine" else cfg

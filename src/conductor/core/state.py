@@ -74,9 +74,9 @@ class PrefillState:
         to the backlog (what the running ones have done), share the engine's speed with the
         new one while fewer than ``lanes`` are left ahead of it — a short prompt behind a
         long one ends after about ``lanes x`` its own time."""
-        q = self.busy_until_s - now_s
-        if q <= 0.0 or lanes <= 1 or not self._pred_s:
-            return q if q > 0.0 else 0.0
+        q = self.queue_s(now_s)
+        if q == 0.0 or lanes <= 1 or not self._pred_s:
+            return q
         ahead = list(self._pred_s.values())
         excess = self._sum_pred_s - q
         i = 0  # the oldest not done

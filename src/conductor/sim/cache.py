@@ -53,7 +53,6 @@ class LruBlockCache:
         its head (the reusable part) and drops the tail.
         """
         lru = self._lru
-        cap = self.capacity_blocks
         keep = self.kept(len(hashes))
         if keep < len(hashes):
             hashes = hashes[:keep]
@@ -69,13 +68,9 @@ class LruBlockCache:
                 else:
                     lru[h] = None
                     stored.append(h)
-        evicted: list[BlockHash] = []
-        if cap is not None:
-            # the chain now sits at the recent end, so victims are never its own blocks
-            # (room held for other prefills may leave the chain over the capacity for now)
-            over = min(len(lru) + self.reserved - cap, len(lru) - len(hashes))
-            evicted = self._evict_oldest(over)
-        return stored, evicted
+        # the chain now sits at the recent end, so victims are never its own blocks (room
+        # held for other prefills may leave the chain over the capacity for now)
+        return stored, self.trim(len(hashes))
 
     def store_held(self, hashes: Sequence[BlockHash], held: int) -> tuple[list[BlockHash], int]:
         """Store the new ``hashes`` of a running prefill (the blocks its latest chunk

@@ -40,6 +40,14 @@ class EngineConfig:
         if self.kv_capacity_tokens is not None:
             check_at_least("kv_capacity_tokens", self.kv_capacity_tokens, 1)
 
+    def lanes(self) -> int:
+        """How many prompts it prefills side by side: its token budget over the most tokens
+        one prompt takes per step (1 without that cap)."""
+        cap = self.long_prefill_token_threshold
+        if cap <= 0:
+            return 1
+        return max(1, self.max_num_batched_tokens // cap)
+
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
@@ -94,7 +102,7 @@ class SimConfig:
     ``prefill_lanes``: what the scheduler is told of how many prompts each prefill-capable
     engine prefills side by side (``InstanceSpec.prefill_lanes``): 1, one after another (its
     queue model: first come, first served); ``engine.max_num_batched_tokens //
-    engine.long_prefill_token_threshold`` (:meth:`engine_lanes`) is what these engines do.
+    engine.long_prefill_token_threshold`` (:meth:`EngineConfig.lanes`) is what they do.
     """
 
     policy: str = DEFAULT_POLICY
@@ -145,14 +153,6 @@ class SimConfig:
         check_choice("handoff", self.handoff, HANDOFFS)
         check_choice("first_token", self.first_token, FIRST_TOKEN_SOURCES)
         check_at_least("prefill_lanes", self.prefill_lanes, 1)
-
-    def engine_lanes(self) -> int:
-        """How many prompts the engines prefill side by side: their token budget over the
-        most tokens one prompt takes per step (1 without that cap)."""
-        cap = self.engine.long_prefill_token_threshold
-        if cap <= 0:
-            return 1
-        return max(1, self.engine.max_num_batched_tokens // cap)
 
     @property
     def cache_capacity_blocks(self) -> int | None:

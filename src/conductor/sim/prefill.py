@@ -102,6 +102,12 @@ class PrefillSide:
         if index is not None:
             node.cache.release(self.room.pop(index, 0))
         stored, evicted = node.cache.insert(hashes)
+        self.publish(t, node, stored, evicted)
+
+    def publish(
+        self, t: float, node: Engine, stored: Sequence[BlockHash], evicted: Sequence[BlockHash]
+    ) -> None:
+        """The KV events of a change to ``node``'s cache: what it evicted, then stored."""
         if evicted:
             self.emit(t, BlocksRemoved(node.iid, tuple(evicted), Tier.DRAM))
         if stored:
@@ -274,9 +280,7 @@ class PrefillSide:
             n = cache.kept(len(chain)) - depth
             if n > 0:
                 self.room[seq.index] = n
-                evicted = cache.reserve(n)
-                if evicted:
-                    self.emit(t, BlocksRemoved(node.iid, tuple(evicted), Tier.DRAM))
+                self.publish(t, node, (), cache.reserve(n))
 
     def on_chunk(self, t: float, node: Engine, seq: Seq) -> None:
         """A chunk of ``seq``'s prompt was computed on ``node`` and more is to come: its
@@ -295,12 +299,9 @@ class PrefillSide:
         stored, give = cache.store_held(part, held)
         if give:
             self.room[seq.index] = held - give
-        if len(stored) > give:  # more new blocks than the room held: over the capacity
-            evicted = cache.trim(len(part))
-            if evicted:
-                self.emit(t, BlocksRemoved(node.iid, tuple(evicted), Tier.DRAM))
-        if stored:
-            self.emit(t, BlocksStored(node.iid, tuple(stored), Tier.DRAM))
+        # more new blocks than the room held: over the capacity, the oldest others go
+        evicted = cache.trim(len(part)) if len(stored) > give else []
+        self.publish(t, node, stored, evicted)
 
     def on_first_token(self, t: float, node: Engine, seq: Seq) -> None:
         """The prefill of ``seq``'s prompt ended on ``node`` at ``t``."""

@@ -108,11 +108,7 @@ class ConductorPolicy:
             if est is None:
                 est = estimates[k] = _estimate(ctx, best_tokens, *k)
             local, fetch, fetch_compute = est
-            lanes = spec.prefill_lanes  # >1: the engine prefills prompts side by side
-            if lanes > 1:
-                queue = inst.prefill.wait_s(now, local, lanes)
-            else:
-                queue = inst.prefill.queue_s(now)
+            queue = ctx.wait_s(inst, local)
             # in a pool with `both` and other instances, a `both` one whose decodes would
             # miss the TBT SLO (its prefills' stalls included) goes after the others
             over = not colocated and spec.role is Role.BOTH and colocated_tbt_s(ctx, inst) > slo
