@@ -27,6 +27,11 @@ CACHE_CAPACITY_TOKENS = 3_000_000
 trace stats``' LRU and the decision bench's instances."""
 
 
+SERIAL_PREFILL_LANES = 1
+"""An engine's default ``prefill_lanes``: one prompt after another (vLLM without partial
+prefills)."""
+
+
 @dataclass(frozen=True, slots=True)
 class InstanceSpec:
     """Static facts about one engine instance."""
@@ -42,7 +47,7 @@ class InstanceSpec:
     """Whether it can fetch KV blocks from another instance's cache (Algorithm 1's remote
     prefix). A gateway's engines cannot (no shared KV store between them): their plans reuse
     their own cache only, while their KV hand-offs to decode still take NIC time."""
-    prefill_lanes: int = 1
+    prefill_lanes: int = SERIAL_PREFILL_LANES
     """How many prompts its engine prefills side by side: vLLM with partial prefills caps a
     prompt's tokens per step (``long_prefill_token_threshold``), so ``max_num_batched_tokens
     // long_prefill_token_threshold`` prompts share each step and a short prompt does not

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from conductor.core.checks import check_at_least, check_port, check_positive
 from conductor.core.errors import InvalidInput
+from conductor.core.state import SERIAL_PREFILL_LANES
 from conductor.core.types import Role
 from conductor.gateway.engines.registry import DEFAULT_KIND, check_kind
 from conductor.gateway.model_config import ModelConfig, check_models
@@ -86,7 +87,7 @@ class EngineConfig:
     topic: str = ""
     kind: str = DEFAULT_KIND
     max_blocks: int | None = None
-    prefill_lanes: int = 1
+    prefill_lanes: int = SERIAL_PREFILL_LANES
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine_id, str) or not _ID_RE.match(self.engine_id):
@@ -177,7 +178,7 @@ def engine_from_mapping(
     block_size = integer("block_size", default_block_size)
     assert block_size is not None
     max_blocks = integer("max_blocks", None)
-    lanes = integer("prefill_lanes", 1)
+    lanes = integer("prefill_lanes", SERIAL_PREFILL_LANES)
     assert lanes is not None
     engine_id = text("id") or default_engine_id(url)
     kv_events, replay, model = text("kv_events"), text("replay"), text("model")

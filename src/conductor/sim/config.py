@@ -9,7 +9,7 @@ from conductor.core.config import FIRST_TOKEN_SOURCES, HANDOFFS, SchedulerConfig
 from conductor.core.costmodel import DEFAULT_PRESET, CostModel, preset
 from conductor.core.errors import InvalidInput
 from conductor.core.policies import DEFAULT_POLICY, check_policy
-from conductor.core.state import CACHE_CAPACITY_TOKENS
+from conductor.core.state import CACHE_CAPACITY_TOKENS, SERIAL_PREFILL_LANES
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +131,7 @@ class SimConfig:
     first_token: str = "prefill"
     decode_cache: bool = True
     kv_fetch: bool = True
-    prefill_lanes: int = 1
+    prefill_lanes: int = SERIAL_PREFILL_LANES
 
     def __post_init__(self) -> None:
         check_policy(self.policy)
