@@ -35,13 +35,27 @@ from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId, RequestId
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Entry:
     instance: InstanceId
     start_s: float
     started: bool
     prompt_tokens: int
     output: OutputEstimate
+
+    def __init__(
+        self,
+        instance: InstanceId,
+        start_s: float,
+        started: bool,
+        prompt_tokens: int,
+        output: OutputEstimate,
+    ) -> None:
+        self.instance = instance
+        self.start_s = start_s
+        self.started = started
+        self.prompt_tokens = prompt_tokens
+        self.output = output
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,8 @@ from conductor.core.policies.decode import has_room, tbt_factor
 
 if TYPE_CHECKING:  # the scheduler's policies import the hold queue, which imports this
     from conductor.core.late_binding_rule import LateBinding
-    from conductor.core.scheduler import Prepared, Scheduler
+    from conductor.core.plan import Prepared
+    from conductor.core.scheduler import Scheduler
 
 
 def give_up_s(

@@ -9,7 +9,7 @@ from conductor.core.output_length import OutputEstimate
 from conductor.core.types import InstanceId, Request
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class InFlight:
     """A placed request: where it prefills (``cpp_nodes``: the pipelined group, if any) and
     decodes (None until chosen, ``baseline`` admission), its predicted output, whether its
@@ -19,8 +19,28 @@ class InFlight:
     prefill: InstanceId
     decode: InstanceId | None
     output: OutputEstimate
-    cpp_nodes: tuple[InstanceId, ...] = ()
-    prefill_done: bool = False
-    transfers: Transfers | None = None
-    stall_s: float = 0.0
+    cpp_nodes: tuple[InstanceId, ...]
+    prefill_done: bool
+    transfers: Transfers | None
+    stall_s: float
     """How long its decode engine's step stalls loading its KV (``handoff="load"``)."""
+
+    def __init__(
+        self,
+        request: Request,
+        prefill: InstanceId,
+        decode: InstanceId | None,
+        output: OutputEstimate,
+        cpp_nodes: tuple[InstanceId, ...] = (),
+        prefill_done: bool = False,
+        transfers: Transfers | None = None,
+        stall_s: float = 0.0,
+    ) -> None:
+        self.request = request
+        self.prefill = prefill
+        self.decode = decode
+        self.output = output
+        self.cpp_nodes = cpp_nodes
+        self.prefill_done = prefill_done
+        self.transfers = transfers
+        self.stall_s = stall_s

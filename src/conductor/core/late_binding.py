@@ -61,7 +61,8 @@ from conductor.core.plan import Decision, Rejection
 from conductor.core.types import InstanceId, Request, RequestId
 
 if TYPE_CHECKING:  # the scheduler's policies import this module
-    from conductor.core.scheduler import Prepared, Scheduler
+    from conductor.core.plan import Prepared
+    from conductor.core.scheduler import Scheduler
     from conductor.core.state import InstanceState
 
 
@@ -79,17 +80,37 @@ _GONE, _WAIT, _BLOCKED = 0, 1, 2
 it held because no prefill instance is free yet, or because the decode pool has no room."""
 
 
-@dataclass(order=True, slots=True)
+@dataclass(slots=True, init=False)
 class _Held:
     key: float
-    """The queue's order: ``prefill_s + age_weight * deadline_s`` (deadline order: the
-    deadline)."""
+    """The queue's order: ``prefill_s + age_weight * deadline_s`` (or the deadline)."""
     seq: int
     deadline_s: float = field(compare=False)
     arrival_s: float = field(compare=False)
     prefill_s: float = field(compare=False)
     request: Request = field(compare=False)
-    live: bool = field(default=True, compare=False)
+    live: bool = field(compare=False)
+
+    def __init__(
+        self,
+        key: float,
+        seq: int,
+        deadline_s: float,
+        arrival_s: float,
+        prefill_s: float,
+        request: Request,
+        live: bool = True,
+    ) -> None:
+        self.key = key
+        self.seq = seq
+        self.deadline_s = deadline_s
+        self.arrival_s = arrival_s
+        self.prefill_s = prefill_s
+        self.request = request
+        self.live = live
+
+    def __lt__(self, other: _Held) -> bool:  # the heap's order: key, then arrival (seq)
+        return self.key < other.key or (self.key == other.key and self.seq < other.seq)
 
 
 class HoldQueue:

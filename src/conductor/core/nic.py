@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from conductor.core.types import InstanceId
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from conductor.core.policies.base import PrefillChoice, SchedulingContext
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class Transfers:
     """One plan's KV transfers, times relative to the plan: a prefix fetch of ``fetch_s``
     from ``fetch_source`` into ``prefill`` (None: no fetch), and the prompt's KV hand-off of
@@ -31,13 +31,31 @@ class Transfers:
     requested ``handoff_request_s`` after the plan and streaming from ``handoff_start_s``
     after it. What a replica publishes so the others book the same NIC time."""
 
-    prefill: InstanceId
-    fetch_source: InstanceId | None
-    fetch_s: float
-    decode: InstanceId | None
-    handoff_start_s: float
-    handoff_request_s: float
-    handoff_s: float
+    prefill: Final[InstanceId]
+    fetch_source: Final[InstanceId | None]
+    fetch_s: Final[float]
+    decode: Final[InstanceId | None]
+    handoff_start_s: Final[float]
+    handoff_request_s: Final[float]
+    handoff_s: Final[float]
+
+    def __init__(
+        self,
+        prefill: InstanceId,
+        fetch_source: InstanceId | None,
+        fetch_s: float,
+        decode: InstanceId | None,
+        handoff_start_s: float,
+        handoff_request_s: float,
+        handoff_s: float,
+    ) -> None:
+        self.prefill = prefill
+        self.fetch_source = fetch_source
+        self.fetch_s = fetch_s
+        self.decode = decode
+        self.handoff_start_s = handoff_start_s
+        self.handoff_request_s = handoff_request_s
+        self.handoff_s = handoff_s
 
 
 @dataclass(slots=True)

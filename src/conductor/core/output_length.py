@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from conductor.core.types import Request, RequestId
 
@@ -45,14 +45,19 @@ TOP_TOKENS = 2**MAX_LOG2_TOKENS
 """Lengths up to 2**21 tokens get their own buckets; longer ones share the last."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class OutputEstimate:
     """Predicted output of one request, in tokens: ``mean = E[min(L, cap)]``, ``high`` the
     configured quantile of ``min(L, cap)``; ``cap`` the most it may generate."""
 
-    mean: float
-    high: float
-    cap: int
+    mean: Final[float]
+    high: Final[float]
+    cap: Final[int]
+
+    def __init__(self, mean: float, high: float, cap: int) -> None:
+        self.mean = mean
+        self.high = high
+        self.cap = cap
 
 
 UNKNOWN_OUTPUT = OutputEstimate(1.0, 1.0, 1)

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, islice, repeat
 from operator import and_
+from typing import Final
 
 from conductor.core.errors import UnknownInstance
 from conductor.core.types import BlockHash, InstanceId, Tier
@@ -46,7 +47,7 @@ _RUN_MEMO_SIZE = 256  # entries: dicts of at least _RUN_MEMO_MIN_HOLDERS holders
 _RUN_MEMO_MIN_HOLDERS = 8  # runs of fewer holders are built directly
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class PrefixMatch:
     """Result of :meth:`PrefixIndex.match`, in blocks (convert with :meth:`tokens`).
 
@@ -58,12 +59,28 @@ class PrefixMatch:
     Holders with a zero depth are absent from the dicts.
     """
 
-    n_blocks: int
-    local_blocks: dict[InstanceId, int]
-    gpu_blocks: dict[InstanceId, int]
-    best_blocks: int
-    best_holders: tuple[InstanceId, ...]
-    union_blocks: int
+    n_blocks: Final[int]
+    local_blocks: Final[dict[InstanceId, int]]
+    gpu_blocks: Final[dict[InstanceId, int]]
+    best_blocks: Final[int]
+    best_holders: Final[tuple[InstanceId, ...]]
+    union_blocks: Final[int]
+
+    def __init__(
+        self,
+        n_blocks: int,
+        local_blocks: dict[InstanceId, int],
+        gpu_blocks: dict[InstanceId, int],
+        best_blocks: int,
+        best_holders: tuple[InstanceId, ...],
+        union_blocks: int,
+    ) -> None:
+        self.n_blocks = n_blocks
+        self.local_blocks = local_blocks
+        self.gpu_blocks = gpu_blocks
+        self.best_blocks = best_blocks
+        self.best_holders = best_holders
+        self.union_blocks = union_blocks
 
     def local(self, holder: InstanceId) -> int:
         return self.local_blocks.get(holder, 0)

@@ -27,10 +27,10 @@ from conductor.core.costmodel import CostModel
 from conductor.core.events import Event, PrefillFinished, RequestFinished
 from conductor.core.nic import Transfers
 from conductor.core.output_length import OutputEstimate, OutputLengthModel
-from conductor.core.plan import Decision, Plan, Rejection
+from conductor.core.plan import Decision, Plan, Prepared, Rejection
 from conductor.core.policies import DecodePolicy
 from conductor.core.policies.registry import DEFAULT_POLICY
-from conductor.core.scheduler import Prepared, Scheduler
+from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId, Request, RequestId
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import cast
 
 from conductor.core.admission import check_early, check_predictive, check_reserve, check_ttft
-from conductor.core.checks import check_request
 from conductor.core.chunked_pipeline import PipelinePlan, pipeline_if_faster
 from conductor.core.config import SchedulerConfig
 from conductor.core.correction import CostCorrection
@@ -33,9 +32,8 @@ from conductor.core.hotspot import HotspotTracker
 from conductor.core.inflight import InFlight
 from conductor.core.nic import NicBook
 from conductor.core.output_length import OutputLengthModel, length_model, output_cap
-from conductor.core.plan import Decision, Fetch, Migration, Plan, Rejection
+from conductor.core.plan import Decision, Fetch, Migration, Plan, Prepared, Rejection
 from conductor.core.policies import (
-    DecodeChoice,
     DecodePolicy,
     PrefillChoice,
     SchedulingContext,
@@ -48,16 +46,6 @@ from conductor.core.policies.registry import DEFAULT_POLICY
 from conductor.core.prefix_index import PrefixIndex
 from conductor.core.state import InstanceSpec, InstanceState
 from conductor.core.types import BlockHash, InstanceId, Request, RequestId, Role
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A placement :meth:`Scheduler.prepare` made, not yet admitted nor committed."""
-
-    ctx: SchedulingContext
-    pre: PrefillChoice
-    dec: DecodeChoice
-    cpp: PipelinePlan | None
 
 
 class Scheduler:
@@ -232,7 +220,7 @@ class Scheduler:
 
     # -- scheduling ----------------------------------------------------------------------
     def validate(self, request: Request) -> None:
-        check_request(request, self.config.block_size_tokens)
+        request.check(self.config.block_size_tokens)
         if request.request_id in self._inflight:
             raise InvalidInput("request_id", request.request_id, "already in flight")
 

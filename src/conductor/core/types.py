@@ -7,8 +7,11 @@ Distinct ``NewType`` s keep ids and hashes apart: an engine's own block hash is 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import NewType
+import math
+from dataclasses import dataclass
+from typing import Final, NewType
+
+from conductor.core.errors import InvalidInput
 
 InstanceId = NewType("InstanceId", str)
 RequestId = NewType("RequestId", str)
@@ -45,7 +48,7 @@ class Tier(enum.IntEnum):
     STORE = 2
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class Request:
     """A request as the scheduler sees it: lengths and the chained hashes of its full blocks.
 
@@ -56,14 +59,51 @@ class Request:
     predicts it (:mod:`conductor.core.output_length`).
     """
 
-    request_id: RequestId
-    prompt_tokens: int
-    block_hashes: tuple[BlockHash, ...]
-    max_tokens: int | None = None
-    arrival_s: float = 0.0
-    ttft_slo_s: float | None = None
-    tbt_slo_s: float | None = None
-    tags: tuple[str, ...] = field(default=())
+    request_id: Final[RequestId]
+    prompt_tokens: Final[int]
+    block_hashes: Final[tuple[BlockHash, ...]]
+    max_tokens: Final[int | None]
+    arrival_s: Final[float]
+    ttft_slo_s: Final[float | None]
+    tbt_slo_s: Final[float | None]
+    tags: Final[tuple[str, ...]]
+
+    def __init__(
+        self,
+        request_id: RequestId,
+        prompt_tokens: int,
+        block_hashes: tuple[BlockHash, ...],
+        max_tokens: int | None = None,
+        arrival_s: float = 0.0,
+        ttft_slo_s: float | None = None,
+        tbt_slo_s: float | None = None,
+        tags: tuple[str, ...] = (),
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.block_hashes = block_hashes
+        self.max_tokens = max_tokens
+        self.arrival_s = arrival_s
+        self.ttft_slo_s = ttft_slo_s
+        self.tbt_slo_s = tbt_slo_s
+        self.tags = tags
+
+    def check(self, block_size_tokens: int) -> None:
+        """Raise :class:`~conductor.core.errors.InvalidInput` unless the prompt is positive,
+        ``max_tokens`` (if given) >= 1, and there are no more block hashes than
+        ``ceil(prompt_tokens / block_size_tokens)``. (Here, not with the config validators in
+        :mod:`conductor.core.checks`, so that the compiled build runs it natively.)"""
+        if self.prompt_tokens <= 0:
+            raise InvalidInput("prompt_tokens", self.prompt_tokens, "must be > 0")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise InvalidInput("max_tokens", self.max_tokens, "must be >= 1")
+        most = math.ceil(self.prompt_tokens / block_size_tokens)
+        if len(self.block_hashes) > most:
+            raise InvalidInput(
+                "block_hashes",
+                len(self.block_hashes),
+                f"more blocks than ceil({self.prompt_tokens}/{block_size_tokens}) = {most}",
+            )
 
     def with_ttft_slo(self, ttft_slo_s: float) -> Request:
         """This request with another TTFT SLO (the hold queue passes what is left of it;

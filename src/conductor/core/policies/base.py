@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar, Final, Protocol
 
 from conductor.core.config import SchedulerConfig
 from conductor.core.costmodel import CostModel
@@ -24,17 +24,35 @@ from conductor.core.state import InstanceState
 from conductor.core.types import InstanceId, Request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class PrefillChoice:
     """Where prefill runs and what it reuses; times are predictions in seconds."""
 
-    instance: InstanceId
-    local_tokens: int
-    fetch_tokens: int
-    fetch_source: InstanceId | None
-    queue_s: float
-    transfer_s: float
-    prefill_s: float
+    instance: Final[InstanceId]
+    local_tokens: Final[int]
+    fetch_tokens: Final[int]
+    fetch_source: Final[InstanceId | None]
+    queue_s: Final[float]
+    transfer_s: Final[float]
+    prefill_s: Final[float]
+
+    def __init__(
+        self,
+        instance: InstanceId,
+        local_tokens: int,
+        fetch_tokens: int,
+        fetch_source: InstanceId | None,
+        queue_s: float,
+        transfer_s: float,
+        prefill_s: float,
+    ) -> None:
+        self.instance = instance
+        self.local_tokens = local_tokens
+        self.fetch_tokens = fetch_tokens
+        self.fetch_source = fetch_source
+        self.queue_s = queue_s
+        self.transfer_s = transfer_s
+        self.prefill_s = prefill_s
 
     @property
     def cached_tokens(self) -> int:
@@ -45,14 +63,19 @@ class PrefillChoice:
         return self.queue_s + self.transfer_s + self.prefill_s
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, unsafe_hash=True)
 class DecodeChoice:
-    instance: InstanceId
-    tbt_s: float
-    fits: bool
+    instance: Final[InstanceId]
+    tbt_s: Final[float]
+    fits: Final[bool]
+
+    def __init__(self, instance: InstanceId, tbt_s: float, fits: bool) -> None:
+        self.instance = instance
+        self.tbt_s = tbt_s
+        self.fits = fits
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class SchedulingContext:
     """What a policy may read. Estimators are methods so that policies share one formula.
 
@@ -88,6 +111,40 @@ class SchedulingContext:
     _decode_held: dict[InstanceId, int] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+
+    def __init__(
+        self,
+        request: Request,
+        now_s: float,
+        match: PrefixMatch,
+        prefill_pool: Sequence[InstanceState],
+        decode_pool: Sequence[InstanceState],
+        cost: CostModel,
+        config: SchedulerConfig,
+        rng: random.Random,
+        round_robin_counter: int,
+        output: OutputEstimate = UNKNOWN_OUTPUT,
+        nic: NicBook | None = None,
+        decode_index: DecodeHoldings | None = None,
+        index: PrefixIndex | None = None,
+        eviction_regret: float = 0.0,
+    ) -> None:
+        self.request = request
+        self.now_s = now_s
+        self.match = match
+        self.prefill_pool = prefill_pool
+        self.decode_pool = decode_pool
+        self.cost = cost
+        self.config = config
+        self.rng = rng
+        self.round_robin_counter = round_robin_counter
+        self.output = output
+        self.nic = nic
+        self.decode_index = decode_index
+        self.index = index
+        self.eviction_regret = eviction_regret
+        self._prefill_memo = {}
+        self._decode_held = None
 
     @property
     def ttft_slo_s(self) -> float:
