@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(VENV)/bin/conductor compare
 
-# Optional: the core and the simulator compiled with mypyc (about 1.5x faster; needs a C
+# Optional: the core and the simulator compiled with mypyc (about 1.8x faster; needs a C
 # compiler). The sources stay the truth: after an edit they run again until the next compile.
 compile: $(VENV)/.installed
 	$(VENV)/bin/conductor compile
