@@ -1,4 +1,4 @@
-"""Identifiers and small frozen value types shared by every layer.
+"""Identifiers and small immutable value types shared by every layer.
 
 Distinct ``NewType`` s keep ids and hashes apart: an engine's own block hash is *not* a
 :data:`BlockHash` (ours); the gateway maps one to the other.
