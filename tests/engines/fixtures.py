@@ -56,9 +56,9 @@ def engine_dtype(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     """The ``--dtype`` the test engines run with: vLLM's CPU backend downcasts a float32
     model to bfloat16, which a CPU without :data:`BF16_CPU_FLAGS` only emulates (measured on
     an AVX2-only EPYC: the fidelity model's prefill 0.015 s per token, 170x the 8.7e-5 s
-    profiled for it in docs/results/fidelity.json; the reduced fidelity test's requests then
-    timed out), so there the engines run float32; None (vLLM's default) where the flags are
-    present or unknown."""
+    profiled for it in docs/results/fidelity_20261202.json; the reduced fidelity test's
+    requests then timed out), so there the engines run float32; None (vLLM's default) where
+    the flags are present or unknown."""
     try:
         text = cpuinfo.read_text()
     except OSError:
