@@ -241,6 +241,23 @@ def gateway_figures(url: str, real: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def write_workload(
+    path: Path, kind: str, requests: int, rate_rps: float, seed: int, gap_ms: int
+) -> None:
+    """The replayed trace: ``conductor trace synth`` with the engines' block size, its
+    simultaneous arrivals spread ``gap_ms`` apart (``conductor trace spread``). Seeded: the
+    same arguments write the same file (bench/gateway_resimulate.py relies on it)."""
+    records = synthesize(kind, requests=requests, rate_rps=rate_rps, seed=seed,
+                         block_size_tokens=BLOCK)  # fmt: skip
+    write_trace(spread_ties(records, gap_ms), path)
+
+
+def prefill_role(engines: dict[str, Any]) -> str:
+    """Which engines' counters measure what the simulator's ``cache_hit_rate`` does: the
+    prefill engines' under P/D, else the aggregated (``both``) ones'."""
+    return "prefill" if "prefill" in engines else "both"
+
+
 def simulated(trace: Path, speed: float, policy: str, args: Any) -> dict[str, Any]:
     cost = preset(args.preset)
     shape = EngineShape(
@@ -322,14 +339,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="gateway-goodput-"))
     trace = work / "trace.jsonl"
     make_tokenizer(work / "tokenizer")
-    records = synthesize(
-        args.kind,
-        requests=args.requests,
-        rate_rps=RATE_RPS,
-        seed=args.seed,
-        block_size_tokens=BLOCK,
-    )
-    write_trace(spread_ties(records, DEFAULT_GAP_MS), trace)
+    write_workload(trace, args.kind, args.requests, RATE_RPS, args.seed, DEFAULT_GAP_MS)
     result: dict[str, Any] = {
         "command": " ".join(["bench/gateway_goodput.py", *sys.argv[1:]]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -379,7 +389,7 @@ def main() -> int:
         late = real["engines"][decoding]["late_ms_per_step"]
         print(f"{'':<18} {decoding} engines' steps handed out {late} ms late on average",
               flush=True)  # fmt: skip
-        prefilling = "prefill" if "prefill" in real["engines"] else "both"
+        prefilling = prefill_role(real["engines"])
         print(f"{'':<18} prefix hit rate of the {prefilling} engines (their own counters) "
               f"{real['engines'][prefilling]['prefix_hit_rate']}, simulated "
               f"{sim['cache_hit_rate']:.4f}", flush=True)  # fmt: skip

@@ -32,10 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gateway_goodput as gg
 
-from conductor.workload.spread import spread_ties
-from conductor.workload.synth import synthesize
-from conductor.workload.trace import write_trace
-
 WORKLOAD_KEYS = ("kind", "requests", "rate_rps", "seed", "speed", "tie_gap_ms")
 CLUSTER_KEYS = ("prefill", "decode", "preset", "block_tokens")
 CLUSTER_DEFAULTS = {"both": 0, "prefill_cache_tokens": None}
@@ -64,16 +60,10 @@ def load_run(path: Path) -> dict[str, Any]:
 
 
 def trace_of(run: dict[str, Any], work: Path) -> Path:
+    """The run's trace, written again (``load_run`` checked its block size is the bench's)."""
     w = run["workload"]
-    records = synthesize(
-        w["kind"],
-        requests=w["requests"],
-        rate_rps=w["rate_rps"],
-        seed=w["seed"],
-        block_size_tokens=run["cluster"]["block_tokens"],
-    )
     path = work / "trace.jsonl"
-    write_trace(spread_ties(records, w["tie_gap_ms"]), path)
+    gg.write_workload(path, w["kind"], w["requests"], w["rate_rps"], w["seed"], w["tie_gap_ms"])
     return path
 
 
@@ -88,7 +78,7 @@ def prefill_hit_rate(gateway: dict[str, Any]) -> float | None:
     """The prefill-capable engines' own prefix hit rate (``prefill``, else ``both``); None
     for runs saved before the bench read the engines' counters."""
     engines = gateway.get("engines", {})
-    role = engines.get("prefill", engines.get("both", {}))
+    role = engines.get(gg.prefill_role(engines), {})
     return None if role.get("prefix_hit_rate") is None else float(role["prefix_hit_rate"])
 
 
