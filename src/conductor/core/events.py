@@ -2,7 +2,8 @@
 
 KV events (what a holder caches) come from engines' KV-event streams (gateway) or from the
 simulator's cache model. Lifecycle events (prefill done, request finished, instance up or
-down) come from whoever executes the plans. All are frozen dataclasses with ``slots``.
+down) come from whoever executes the plans. All are immutable dataclasses with ``slots``
+(``Final`` fields; tests/core/test_hot_values.py says why they write ``__init__`` by hand).
 ``seq`` is the publisher's sequence number when known (gap detection lives in the shells).
 """
 
@@ -15,8 +16,9 @@ from conductor.core.types import BlockHash, InstanceId, RequestId, Tier
 
 
 @dataclass(slots=True, init=False, unsafe_hash=True)
-class BlocksStored:
-    """``holder`` now caches ``block_hashes`` (a chain, in prefix order) in ``tier``."""
+class _BlockChange:
+    """A change to what ``holder`` caches: ``block_hashes`` (a chain, in prefix order) in
+    ``tier``. Compared by class too: a store never equals a removal of the same blocks."""
 
     holder: Final[InstanceId]
     block_hashes: Final[tuple[BlockHash, ...]]
@@ -37,25 +39,13 @@ class BlocksStored:
 
 
 @dataclass(slots=True, init=False, unsafe_hash=True)
-class BlocksRemoved:
+class BlocksStored(_BlockChange):
+    """``holder`` now caches ``block_hashes`` (a chain, in prefix order) in ``tier``."""
+
+
+@dataclass(slots=True, init=False, unsafe_hash=True)
+class BlocksRemoved(_BlockChange):
     """``holder`` evicted ``block_hashes`` from ``tier``."""
-
-    holder: Final[InstanceId]
-    block_hashes: Final[tuple[BlockHash, ...]]
-    tier: Final[Tier]
-    seq: Final[int | None]
-
-    def __init__(
-        self,
-        holder: InstanceId,
-        block_hashes: tuple[BlockHash, ...],
-        tier: Tier = Tier.GPU,
-        seq: int | None = None,
-    ) -> None:
-        self.holder = holder
-        self.block_hashes = block_hashes
-        self.tier = tier
-        self.seq = seq
 
 
 @dataclass(frozen=True, slots=True)
