@@ -45,12 +45,21 @@ def load_run(path: Path) -> dict[str, Any]:
         run = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise SystemExit(f"error: {path}: not a readable JSON file ({exc})") from exc
+    if not isinstance(run, dict):
+        raise SystemExit(f"error: {path}: not a gateway_goodput run (a JSON object)")
     for part, keys in (("workload", WORKLOAD_KEYS), ("cluster", CLUSTER_KEYS)):
-        missing = [k for k in keys if k not in run.get(part, {})]
+        section = run.get(part)
+        missing = [k for k in keys if not isinstance(section, dict) or k not in section]
         if missing:
             raise SystemExit(f"error: {path}: no {part}.{missing[0]} (not a gateway_goodput run?)")
-    if not run.get("policies"):
+    policies = run.get("policies")
+    if not isinstance(policies, dict) or not policies:
         raise SystemExit(f"error: {path}: no policies")
+    for name, saved in policies.items():
+        if not isinstance(saved, dict) or not all(
+            isinstance(saved.get(k), dict) for k in ("gateway", "sim")
+        ):
+            raise SystemExit(f"error: {path}: policies.{name} has no gateway and sim figures")
     if run["cluster"]["block_tokens"] != gg.BLOCK:
         raise SystemExit(
             f"error: {path}: cluster.block_tokens is {run['cluster']['block_tokens']}, "

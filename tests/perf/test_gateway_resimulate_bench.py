@@ -97,6 +97,8 @@ def test_simulates_the_saved_runs_trace_again(tmp_path: Path) -> None:
     ("edit", "args", "message"),
     [
         ("notjson", [], "not a readable JSON file"),
+        ("list", [], "not a gateway_goodput run (a JSON object)"),
+        ("nosim", [], "policies.conductor has no gateway and sim figures"),
         ("nokind", [], "no workload.kind (not a gateway_goodput run?)"),
         ("blocks", [], "cluster.block_tokens is 16, this bench's engines use 32"),
         (None, ["--policies", "bogus"], "no saved policy matched --policies"),
@@ -110,6 +112,11 @@ def test_bad_input_is_named(
     run = json.loads(saved.read_text())
     if edit == "notjson":
         saved.write_text("{")
+    elif edit == "list":
+        saved.write_text("[]")
+    elif edit == "nosim":
+        del run["policies"]["conductor"]["sim"]
+        saved.write_text(json.dumps(run))
     elif edit == "nokind":
         del run["workload"]["kind"]
         saved.write_text(json.dumps(run))
