@@ -116,3 +116,85 @@ def test_the_decode_choice_avoids_the_instance_whose_joins_stall_it() -> None:
 def test_the_hand_off_mode_is_checked() -> None:
     with pytest.raises(InvalidInput, match="handoff"):
         SchedulerConfig(handoff="pigeon")
+
+
+def test_the_requests_still_in_prefill_count_as_joins_to_come() -> None:
+    """A request assigned to the instance whose prefill has not ended will stall its step when
+    it joins: its stall counts beside the window's (top k, over k) until its decode starts
+    or it is released."""
+    d = DecodeState()
+    d.record_join(9.5, 0.1)
+    d.admit(RequestId("a"), 100, 10, stall_s=0.3)
+    d.admit(RequestId("b"), 100, 10, stall_s=0.2)
+    d.admit(RequestId("c"), 100, 10, started=True, stall_s=0.9)  # already decoding: none
+    assert d.pending_stalls == {RequestId("a"): 0.3, RequestId("b"): 0.2}
+    assert join_stall_s(d, 10.0, 1.0, 2) == pytest.approx((0.3 + 0.2) / 2)
+    assert join_stall_s(d, 10.0, 1.0, 4) == pytest.approx((0.1 + 0.3 + 0.2) / 4)
+    assert join_stall_s(d, 10.0, 0.1, 4) == pytest.approx((0.3 + 0.2) / 4)  # window empty
+    d.start(RequestId("a"))
+    d.release(RequestId("b"))
+    assert d.pending_stalls == {}
+    assert join_stall_s(d, 10.0, 1.0, 2) == pytest.approx(0.1 / 2)
+
+
+def test_a_placed_load_hand_off_is_pending_on_its_decode_until_the_prefill_ends() -> None:
+    c = make_conductor(1, 1, policy="conductor", handoff="load", first_token="decode")
+    plan = c.schedule(req("r1", hashes(), 400), 0.0)
+    assert isinstance(plan, Plan)
+    d = c.instances[plan.decode].decode
+    assert d.pending_stalls == {RequestId("r1"): pytest.approx(c.cost.transfer_s(400))}
+    c.on_event(PrefillFinished(RequestId("r1"), plan.prefill, 0.5))
+    assert d.pending_stalls == {}
+    assert d.joins == [(0.5, pytest.approx(c.cost.transfer_s(400)))]
+
+
+def test_the_decode_choice_spreads_joins_that_are_still_in_prefill() -> None:
+    """A 4000-token request placed on d0 a moment ago (40 ms of load, its prefill still
+    running) will stall the next one's decode there: the next goes to d1 although d1 runs one
+    request more."""
+    c = make_conductor(1, 2, policy="conductor", handoff="load", first_token="decode")
+    c.instances[iid("d1")].decode.admit(RequestId("x"), 1, 0, started=True)
+    c.instances[iid("d0")].decode.admit(RequestId("y"), 4000, 10, stall_s=c.cost.transfer_s(4000))
+    plan = c.schedule(req("r1", hashes(), 40), 1.0)
+    assert isinstance(plan, Plan)
+    assert plan.decode == "d1"
+
+
+def _reference_with_pending(
+    log: list[tuple[float, float]], pending: list[float], now_s: float, life_s: float, k: int
+) -> float:
+    """The share by its definition: the window's stalls (oldest first) and the pending ones,
+    the k longest when more than k, summed, over k."""
+    stalls = [s for t, s in log[-JOIN_LOG:] if t >= now_s - life_s] + pending
+    if len(stalls) > k:
+        stalls = sorted(stalls, reverse=True)[:k]
+    return sum(stalls) / k if stalls else 0.0
+
+
+def test_the_share_with_pending_joins_equals_its_definition() -> None:
+    """Joins, placements and starts interleaved at random over a long log; every answer
+    (the window's remembered part and the pending ones) equal to the definition's."""
+    rng = random.Random(11)
+    d = DecodeState()
+    log: list[tuple[float, float]] = []
+    pending: dict[RequestId, float] = {}
+    t = 0.0
+    for i in range(2000):
+        t += rng.expovariate(50.0)
+        rid = RequestId(f"r{i}")
+        stall = rng.random() * 0.05
+        d.admit(rid, 10, 1, stall_s=stall)
+        pending[rid] = stall
+        if pending and rng.random() < 0.9:
+            done = rng.choice(list(pending))
+            if rng.random() < 0.8:
+                d.start(done)
+                d.record_join(t, pending[done])
+                log.append((t, pending[done]))
+            else:
+                d.release(done)
+            del pending[done]
+        assert d.pending_stalls == pending
+        for life, k in ((2.0, 3), (2.0, 3), (rng.random() * 20.0, rng.randint(1, 40)), (0.0, 1)):
+            want = _reference_with_pending(log, list(pending.values()), t, life, k)
+            assert join_stall_s(d, t, life, k) == pytest.approx(want, rel=1e-12, abs=0.0)

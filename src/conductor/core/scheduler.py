@@ -316,10 +316,13 @@ class Scheduler:
             migrations = (Migration(pre.fetch_source, pre.instance, hashes),)
         transfers = self.nic.book_plan(ctx, pre, decode)
         deferred = self.config.admission == "baseline"
+        stall_s = load_stall_s(ctx, pre.instance, decode)
         if not deferred:
             out, rid = ctx.output, req.request_id
             self.forecast.add(rid, decode, ctx.now_s + pre.ttft_s, req.prompt_tokens, out)
-            self.instances[decode].decode.admit(rid, req.prompt_tokens, int(out.mean))
+            self.instances[decode].decode.admit(
+                rid, req.prompt_tokens, int(out.mean), stall_s=stall_s
+            )
         if decode == pre.instance and cpp is None:
             inst = self.instances[decode]
             if inst.spec.role is Role.BOTH:  # its prefill stalls the decodes there
@@ -331,7 +334,7 @@ class Scheduler:
             ctx.output,
             cpp.nodes if cpp else (),
             transfers=transfers,
-            stall_s=load_stall_s(ctx, pre.instance, decode),
+            stall_s=stall_s,
         )
         if self.hotspots is not None:
             best = ctx.match.best_blocks

@@ -179,18 +179,37 @@ class DecodeState:
     join_stalls: list[float] = field(default_factory=list)
     """The seconds each one's KV load stalled the instance's step (``handoff="load"``; see
     :mod:`conductor.core.policies.join_stalls`), parallel to ``join_times``."""
-    stall_memo: tuple[int, int, int, float] = (-1, -1, -1, 0.0)
-    """``(first, end, k, share)``: the last stall share computed, of ``join_stalls[first:end]``
-    with ``k`` (:func:`~conductor.core.policies.join_stalls.join_stall_s`)."""
+    pending_stalls: dict[RequestId, float] = field(default_factory=dict)
+    """The stalls of the requests assigned here whose decode has not started yet: each will
+    stall the step when it joins (``handoff="load"``)."""
+    pending_version: int = 0
+    """Counts the changes of :attr:`pending_stalls` (for ``pending_memo``)."""
+    pending_memo: tuple[int, int, int, int, float] = (-1, -1, -1, -1, 0.0)
+    """``(first, end, k, pending_version, share)``: the last share computed with the
+    pending stalls (:func:`~conductor.core.policies.join_stalls.join_stall_s`)."""
+    stall_memo: tuple[int, int, int, float, list[float]] = (-1, -1, -1, 0.0, [])
+    """``(first, end, k, share, top)``: the last stall share computed, of
+    ``join_stalls[first:end]`` with ``k``, and the stalls it summed (newest first, or the
+    ``k`` longest, longest first) (:func:`~conductor.core.policies.join_stalls.join_stall_s`)."""
 
     @property
     def batch_size(self) -> int:
         return len(self._ctx)
 
     def admit(
-        self, rid: RequestId, prompt_tokens: int, output_tokens: int, *, started: bool = False
+        self,
+        rid: RequestId,
+        prompt_tokens: int,
+        output_tokens: int,
+        *,
+        started: bool = False,
+        stall_s: float = 0.0,
     ) -> None:
-        """Reserve ``prompt_tokens + output_tokens`` (the expected output) for ``rid``."""
+        """Reserve ``prompt_tokens + output_tokens`` (the expected output) for ``rid``; its
+        join will stall the step by ``stall_s`` (:attr:`pending_stalls`)."""
+        if stall_s > 0.0 and not started:
+            self.pending_stalls[rid] = stall_s
+            self.pending_version += 1
         self._ctx[rid] = prompt_tokens
         self._prompt[rid] = prompt_tokens
         self._kv[rid] = prompt_tokens + output_tokens
@@ -201,6 +220,8 @@ class DecodeState:
 
     def start(self, rid: RequestId) -> None:
         """``rid``'s decode started (its prefill ended)."""
+        if self.pending_stalls and self.pending_stalls.pop(rid, None) is not None:
+            self.pending_version += 1
         kv = self._kv.get(rid)
         if kv is None or rid in self._started:
             return
@@ -219,7 +240,7 @@ class DecodeState:
         if len(times) >= 2 * JOIN_LOG:  # forget the oldest half, at once
             del times[:JOIN_LOG]
             del self.join_stalls[:JOIN_LOG]
-            self.stall_memo = (-1, -1, -1, 0.0)
+            self.stall_memo = (-1, -1, -1, 0.0, [])
         times.append(now_s)
         self.join_stalls.append(stall_s)
 
@@ -246,6 +267,8 @@ class DecodeState:
             self.running_kv_tokens += grow
 
     def release(self, rid: RequestId) -> None:
+        if self.pending_stalls and self.pending_stalls.pop(rid, None) is not None:
+            self.pending_version += 1
         ctx = self._ctx.pop(rid, None)
         if ctx is None:
             return
