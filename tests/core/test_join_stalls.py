@@ -195,6 +195,7 @@ def test_the_share_with_pending_joins_equals_its_definition() -> None:
                 d.release(done)
             del pending[done]
         assert d.pending_stalls == pending
+        assert set(pending) <= set(d.requests())
         for life, k in ((2.0, 3), (2.0, 3), (rng.random() * 20.0, rng.randint(1, 40)), (0.0, 1)):
             want = _reference_with_pending(log, list(pending.values()), t, life, k)
             assert join_stall_s(d, t, life, k) == pytest.approx(want, rel=1e-12, abs=0.0)

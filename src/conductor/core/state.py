@@ -13,7 +13,8 @@ Decode: the assigned requests (context tokens) and the KV tokens reserved for th
 Invariants: ``queued_requests == len(_pred_s)``; ``_sum_pred_s == sum(_pred_s.values())``;
 ``batch_size == len(_ctx)``; ``context_tokens == sum(_ctx.values())``;
 ``kv_reserved_tokens == sum(_kv.values())``; ``running == len(_started)``;
-``running_kv_tokens == sum(_kv[r] for r in _started)``.
+``running_kv_tokens == sum(_kv[r] for r in _started)``; every key of ``pending_stalls`` is
+in ``_ctx`` and not in ``_started``.
 """
 
 from __future__ import annotations
@@ -187,7 +188,9 @@ class DecodeState:
     pending_memo: tuple[int, int, int, int, float] = (-1, -1, -1, -1, 0.0)
     """``(first, end, k, pending_version, share)``: the last share computed with the
     pending stalls (:func:`~conductor.core.policies.join_stalls.join_stall_s`)."""
-    stall_memo: tuple[int, int, int, float, list[float]] = (-1, -1, -1, 0.0, [])
+    stall_memo: tuple[int, int, int, float, list[float]] = field(
+        default_factory=lambda: (-1, -1, -1, 0.0, [])
+    )
     """``(first, end, k, share, top)``: the last stall share computed, of
     ``join_stalls[first:end]`` with ``k``, and the stalls it summed (newest first, or the
     ``k`` longest, longest first) (:func:`~conductor.core.policies.join_stalls.join_stall_s`)."""
