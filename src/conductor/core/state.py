@@ -221,10 +221,14 @@ class DecodeState:
         if started:
             self.start(rid)
 
-    def start(self, rid: RequestId) -> None:
-        """``rid``'s decode started (its prefill ended)."""
+    def _unbook(self, rid: RequestId) -> None:
+        """``rid`` no longer has a join to come: out of :attr:`pending_stalls`."""
         if self.pending_stalls and self.pending_stalls.pop(rid, None) is not None:
             self.pending_version += 1
+
+    def start(self, rid: RequestId) -> None:
+        """``rid``'s decode started (its prefill ended)."""
+        self._unbook(rid)
         kv = self._kv.get(rid)
         if kv is None or rid in self._started:
             return
@@ -270,8 +274,7 @@ class DecodeState:
             self.running_kv_tokens += grow
 
     def release(self, rid: RequestId) -> None:
-        if self.pending_stalls and self.pending_stalls.pop(rid, None) is not None:
-            self.pending_version += 1
+        self._unbook(rid)
         ctx = self._ctx.pop(rid, None)
         if ctx is None:
             return
