@@ -4,8 +4,10 @@
 
 1. The slice: the first ``--limit`` requests of the bundled conversation trace, lengths
    scaled to the tiny model (``bench/fidelity_parts.py scale_records``: prompts x 1/16, so
-   a 512-token trace block is one 32-token vLLM block, outputs x 0.1 capped at 64, prompt
-   plus output within max_model_len 2048), written as a trace file that the replay and the
+   a 512-token trace block is one 32-token vLLM block, outputs x 0.1 capped at 64 —
+   ``--output-scale``, ``--max-output-tokens``; the P/D scenario's default x 0.25 capped
+   at 160, so its one decode engine is as busy as its prefill engine — prompt plus output
+   within max_model_len 2048), written as a trace file that the replay and the
    simulator both read with 32-token blocks. Requests that share a timestamp (the trace's
    3-second stamps) are moved ``--tie-gap-ms`` (10) trace ms apart in file order, so that
    the replay and the simulator agree on the order they arrive in (``conductor trace
@@ -129,6 +131,32 @@ SPEEDS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.35, 0.5, 0.6, 0.75, 0.9, 1.0, 1.25, 1.5,
 SPEEDS += (4.0, 5.0, 6.0, 8.0)
 """The replay speeds ``--speed auto`` chooses among (from 0.05: an AVX2-only machine's float32
 engines need rates a tenth of an AVX-512 machine's)."""
+
+
+PD_OUTPUT_SCALE = 0.25
+PD_MAX_OUTPUT_TOKENS = 160
+"""The P/D scenario's output scaling: the conversation slice's outputs x 0.1 (the ``both``
+scenario's) kept its one decode engine about 35% busy while the prefill engine ran at 68%;
+x 0.25 capped at 160 puts both near ``--target-busy`` (simulated with the 2026-12-07 P/D
+cost file at speed 0.25: decode 0.63, prefill 0.65). Chosen from the simulator, before a
+measured run."""
+
+
+def output_scaling(args: Any, max_model_len: int) -> Scaling:
+    """The slice's :class:`Scaling` from ``--output-scale`` / ``--max-output-tokens`` (each
+    defaulting by scenario); ValueError naming the option and the value."""
+    pd = is_pd(args)
+    scale = args.output_scale
+    if scale is None:
+        scale = PD_OUTPUT_SCALE if pd else Scaling().output_scale
+    cap = args.max_output_tokens
+    if cap is None:
+        cap = PD_MAX_OUTPUT_TOKENS if pd else Scaling().max_output_tokens
+    if not scale > 0:
+        raise ValueError(f"--output-scale must be > 0, got {scale}")
+    if not 1 <= cap < max_model_len:
+        raise ValueError(f"--max-output-tokens must be in 1..{max_model_len - 1}, got {cap}")
+    return Scaling(output_scale=scale, max_output_tokens=cap, max_model_len=max_model_len)
 
 
 TIE_GAP_MS = DEFAULT_GAP_MS
@@ -541,6 +569,18 @@ def main() -> int:
     p.add_argument("--speed", default="auto", help="replay speed, or auto (see 4.)")
     p.add_argument("--target-busy", type=float, default=0.65)
     p.add_argument(
+        "--output-scale",
+        type=float,
+        default=None,
+        help=f"trace output lengths x this (default 0.1; pd: {PD_OUTPUT_SCALE:g})",
+    )
+    p.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=None,
+        help=f"cap on the scaled output lengths (default 64; pd: {PD_MAX_OUTPUT_TOKENS})",
+    )
+    p.add_argument(
         "--scenario",
         choices=("both", "pd"),
         default="both",
@@ -635,7 +675,10 @@ def main() -> int:
         max_num_seqs=args.max_num_seqs,
         model=args.model.resolve(),
     )
-    scaling = Scaling(max_model_len=args.flags.max_model_len)
+    try:
+        scaling = output_scaling(args, args.flags.max_model_len)
+    except ValueError as exc:
+        p.error(str(exc))
     work = Path(tempfile.mkdtemp(prefix="fidelity-"))
     trace = work / "slice.jsonl"
     n = write_slice(args.limit, args.offset, scaling, trace, args.tie_gap_ms)

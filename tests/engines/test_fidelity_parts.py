@@ -144,3 +144,23 @@ def test_the_handoff_fit_sets_the_transfer() -> None:
     assert clamped is not None and clamped.transfer_latency_s == 0.0
     with pytest.raises(ValueError, match="two prompt lengths"):
         fit_handoff([(64, 0.1), (64, 0.2)])
+
+
+def test_output_scaling_defaults_by_scenario_and_names_a_bad_option() -> None:
+    import types
+
+    import fidelity
+
+    def ns(scenario: str, scale: float | None = None, cap: int | None = None) -> object:
+        return types.SimpleNamespace(scenario=scenario, output_scale=scale, max_output_tokens=cap)
+
+    both = fidelity.output_scaling(ns("both"), 2048)
+    assert (both.output_scale, both.max_output_tokens) == (0.1, 64)
+    pd = fidelity.output_scaling(ns("pd"), 2048)
+    assert (pd.output_scale, pd.max_output_tokens) == (0.25, 160)
+    given = fidelity.output_scaling(ns("pd", 0.5, 200), 1024)
+    assert (given.output_scale, given.max_output_tokens, given.max_model_len) == (0.5, 200, 1024)
+    with pytest.raises(ValueError, match=r"--output-scale must be > 0, got 0"):
+        fidelity.output_scaling(ns("both", 0.0), 2048)
+    with pytest.raises(ValueError, match=r"--max-output-tokens must be in 1\.\.2047, got 2048"):
+        fidelity.output_scaling(ns("pd", None, 2048), 2048)
