@@ -1,0 +1,47 @@
+"""bench/target_speeds.py: its options (bad input named) and the choice of ``S*``."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "target_speeds.py"
+
+
+def _bench() -> ModuleType:
+    sys.path.insert(0, str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("target_speeds", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["target_speeds"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_options_parse_and_bad_ones_are_named() -> None:
+    m = _bench()
+    assert m.parse_list("chat, docqa", "--kinds", ("chat", "agent", "docqa")) == ["chat", "docqa"]
+    assert m.parse_seeds("42,13") == [42, 13]
+    for call, named in (
+        (lambda: m.parse_list("code", "--kinds", ("chat",)), "--kinds: unknown 'code'"),
+        (lambda: m.parse_list(" , ", "--kinds"), "--kinds: nothing given"),
+        (lambda: m.parse_seeds("42,x"), "--seeds: 'x' is not an integer"),
+    ):
+        with pytest.raises(ValueError) as err:
+            call()
+        assert str(err.value).startswith(named)
+
+
+def test_target_speed_is_the_largest_peer_capacity_first_on_ties() -> None:
+    m = _bench()
+    caps = {
+        "random": {"speed": 4.0, "attainment": 0.93},
+        "mooncake": {"speed": 6.5, "attainment": 0.91},
+        "dynamo": {"speed": 6.5, "attainment": 0.95},
+        "llmd": {"speed": 2.0, "attainment": 0.99},
+    }
+    assert m.target_speed(caps) == ("mooncake", 6.5)
