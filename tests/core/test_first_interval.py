@@ -28,11 +28,16 @@ def test_planned_transfers_chain_on_each_ingress_and_egress() -> None:
     assert book.planned_in_s[d0] == pytest.approx(1.25)
     assert book.egress_free_s(p0) == pytest.approx(0.75)
     assert book.egress_free_s(p1) == pytest.approx(1.1)
-    # a hand-off p0 -> d0 streaming from 0.9, its prefill ending at 1.0, 0.25 s long:
-    # d0's ingress is planned busy until 1.25, so it ends at 1.5: 0.5 s after the prefill
-    assert book.handoff_tail_s(p0, d0, 0.9, 1.0, 0.25) == pytest.approx(0.5)
+    # a hand-off p0 -> d0 streaming from 0.9, its prefill ending at 1.0, 0.25 s long: it is
+    # requested with the first planned one (after it: d0 busy until 0.75) and before the
+    # second, so it ends at 1.15: 0.15 s after the prefill
+    assert book.handoff_tail_s(p0, d0, 0.9, 1.0, 0.25) == pytest.approx(0.15)
     assert book.handoff_tail_s(p0, iid("d1"), 0.9, 1.0, 0.25) == pytest.approx(0.15)
     assert book.handoff_tail_s(p0, iid("d1"), 0.9, 2.0, 0.25) == 0.0
+    # p1 -> d0 for 1 s from 0.3: requested at 1.9 it goes before the second planned one
+    # (d0 free at 0.75: no tail); at 2.0, after it (d0 busy until 1.25: 0.25 s)
+    assert book.handoff_tail_s(p1, d0, 0.3, 1.9, 1.0) == 0.0
+    assert book.handoff_tail_s(p1, d0, 0.3, 2.0, 1.0) == pytest.approx(0.25)
     book.book(p0, d0, 3.0, 1.0)  # a booked transfer moves both plans on
     assert book.planned_in_s[d0] == 4.0 and book.egress_free_s(p0) == 4.0
 

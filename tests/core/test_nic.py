@@ -90,3 +90,68 @@ def test_a_queued_prefill_does_not_block_fetches_from_its_instance(policy: str) 
     assert isinstance(r1, Plan) and r1.prefill == "p1"
     assert r1.fetch is not None and r1.fetch.source == "p0" and r1.fetch.tokens == 32
     assert r1.predicted_ttft_s == pytest.approx(32 * 10e-6 + 0.008)
+
+
+def test_a_hand_off_whose_prefill_ends_early_is_booked_then_and_the_plans_rechained() -> None:
+    """A prefill predicted to end at 20 (behind a queue the engine did not keep) ends at 3:
+    its hand-off is booked from 3, and the egress and ingress it had planned are free
+    again by 3 + its seconds, not 22; the transfer still pending behind it is chained anew."""
+    book = NicBook()
+    a, b, c = iid("a"), iid("b"), iid("c")
+    book.later(20.0, a, b, 18.0, 2.0, key="r1")  # predicted: streams 18 -> 20, on the wire to 22
+    book.later(25.0, a, c, 23.0, 1.0, key="r2")
+    assert (book.planned_out_s[a], book.planned_in_s[b], book.planned_in_s[c]) == (24.0, 20.0, 24.0)
+    book.handoff_now("r1", 3.0)  # its prefill ended at 3
+    assert (book.out_free_s[a], book.in_free_s[b]) == (5.0, 5.0)
+    assert (book.planned_out_s[a], book.planned_in_s[b], book.planned_in_s[c]) == (24.0, 5.0, 24.0)
+    book.handoff_now("r1", 4.0)  # once only
+    assert book.out_free_s[a] == 5.0
+    book.release(30.0)  # the heap skips r1's entry and books r2's at its request time
+    assert (book.out_free_s[a], book.in_free_s[c], book.in_free_s[b]) == (24.0, 24.0, 5.0)
+    assert book.pending == [] and book.dropped == set() and book.keyed == book.key_of == {}
+
+
+def test_a_hand_off_due_already_is_not_booked_twice_and_a_cancel_frees_its_plan() -> None:
+    book = NicBook()
+    a, b = iid("a"), iid("b")
+    book.later(2.0, a, b, 1.0, 1.0, key="r1")
+    book.handoff_now("r1", 2.5)  # released at 2 by its request time: booked once, 1 -> 2
+    assert (book.out_free_s[a], book.in_free_s[b]) == (2.0, 2.0)
+    book.later(9.0, a, b, 8.0, 1.0, key="r2")
+    assert book.planned_in_s[b] == 9.0
+    book.cancel("r2", 3.0)  # its request ended before its prefill did
+    assert (book.planned_out_s[a], book.planned_in_s[b]) == (2.0, 2.0)
+    book.release(10.0)
+    assert book.out_free_s[a] == 2.0 and book.pending == [] and book.dropped == set()
+
+
+def test_the_scheduler_books_a_hand_off_when_its_prefill_finishes() -> None:
+    """p0 has 10 s queued: r0's plan has its hand-off stream from 10 s; when r0's prefill
+    really finishes at 0.5 s, the scheduler books it then, so the next plan's hand-off tail
+    no longer waits for p0's egress until 10 s."""
+    c = make_conductor(1, 1)
+    c.instances[iid("p0")].prefill.assign(RequestId("x"), 10.0, 0, 0.0)
+    r0 = c.schedule(req("r0", CHAIN, 40), now_s=0.0)
+    assert isinstance(r0, Plan) and r0.prefill == "p0"
+    assert c.nic.planned_out_s[iid("p0")] == pytest.approx(10.0 + 40 * 10e-6)
+    c.on_event(PrefillFinished(RequestId("x"), iid("p0"), 0.4))
+    c.on_event(PrefillFinished(RequestId("r0"), iid("p0"), 0.5))
+    assert c.nic.planned_out_s[iid("p0")] == pytest.approx(0.5 + 40 * 10e-6)
+    assert c.nic.out_free_s[iid("p0")] == pytest.approx(0.5 + 40 * 10e-6)
+    assert c.nic.keyed == {}
+
+
+def test_a_hand_off_waits_only_for_the_transfers_requested_before_it() -> None:
+    """FIFO per NIC direction in request order: b's ingress has a hand-off planned to be
+    requested at 20 (streaming from 18); one requested at 5 goes before it, one requested
+    at 25 (or at 20, made later) after it."""
+    book = NicBook()
+    a, b, c = iid("a"), iid("b"), iid("c")
+    book.book(c, b, 0.0, 1.0)  # booked: b's ingress busy until 1
+    book.later(20.0, a, b, 18.0, 2.0, key="r1")
+    assert book.planned_before(25.0) == ({b: 20.0}, {c: 1.0, a: 20.0})
+    assert book.planned_before(5.0) == ({b: 1.0}, {c: 1.0})
+    assert book.planned_before(19.0) == ({b: 1.0}, {c: 1.0})
+    assert book.planned_before(20.0) == ({b: 20.0}, {c: 1.0, a: 20.0})  # together: in order
+    book.handoff_now("r1", 3.0)  # dropped from the chains, booked from 3 (b free at 1)
+    assert book.planned_before(5.0) == ({b: 5.0}, {c: 1.0, a: 5.0})

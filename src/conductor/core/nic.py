@@ -8,7 +8,11 @@ then its wait plus its own duration. The prompt's KV hand-off to the decode inst
 requested only when its prefill ends (it may start, streaming, from the prefill's start):
 until that predicted end it is held back, so that it does not make the prefill instance's
 egress look busy from the moment of the plan on (a fetch from it, requested before, goes
-first, as in the simulator). Pure bookkeeping: times come in as arguments.
+first, as in the simulator). When the prefill really ends (:meth:`NicBook.handoff_now`, on
+``PrefillFinished``) the hand-off is booked then, and the plans still pending are chained
+again without it: a prefill predicted to end late (behind a long queue the engine did not
+keep: it runs prompts side by side) would otherwise leave its NICs looking busy until its
+predicted end, long after its KV moved. Pure bookkeeping: times come in as arguments.
 """
 
 from __future__ import annotations
@@ -77,6 +81,18 @@ class NicBook:
     instance's ingress looks like when a new hand-off reaches it."""
     planned_out_s: dict[InstanceId, float] = field(default_factory=dict)
     """The same for each egress: when a prefill instance has sent every KV it is due to."""
+    keyed: dict[object, tuple[float, int, InstanceId, InstanceId, float, float]] = field(
+        default_factory=dict
+    )
+    """The pending transfers booked with a key (a request's hand-off), by key."""
+    key_of: dict[int, object] = field(default_factory=dict)
+    """The key of each keyed pending transfer, by sequence number."""
+    latest_request_s: float = 0.0
+    """The latest request time of any transfer made pending (an upper bound on the
+    pending ones')."""
+    dropped: set[int] = field(default_factory=set)
+    """Sequence numbers of pending transfers taken out of ``pending`` early (booked at
+    their real request time, or cancelled): skipped when the heap reaches them."""
 
     def later(
         self,
@@ -85,11 +101,19 @@ class NicBook:
         target: InstanceId,
         start_s: float,
         seconds: float,
+        key: object = None,
     ) -> None:
         """Book a transfer that will be requested at ``request_s`` (it may start from
-        ``start_s``); it holds no NIC for requests made before ``request_s``."""
+        ``start_s``); it holds no NIC for requests made before ``request_s``. With ``key``
+        (a request id), :meth:`handoff_now` or :meth:`cancel` can find it again."""
         self._seq += 1
-        heapq.heappush(self.pending, (request_s, self._seq, source, target, start_s, seconds))
+        entry = (request_s, self._seq, source, target, start_s, seconds)
+        heapq.heappush(self.pending, entry)
+        if request_s > self.latest_request_s:
+            self.latest_request_s = request_s
+        if key is not None:
+            self.keyed[key] = entry
+            self.key_of[self._seq] = key
         planned = self.planned_in_s.get(target, 0.0)
         self.planned_in_s[target] = (planned if planned > start_s else start_s) + seconds
         planned = self.planned_out_s.get(source, 0.0)
@@ -98,8 +122,17 @@ class NicBook:
     def release(self, now_s: float) -> None:
         """Book, in request order, the pending transfers requested by ``now_s``."""
         pending = self.pending
+        dropped = self.dropped
+        key_of = self.key_of
         while pending and pending[0][0] <= now_s:
-            _, _, source, target, start_s, seconds = heapq.heappop(pending)
+            _, seq, source, target, start_s, seconds = heapq.heappop(pending)
+            if dropped and seq in dropped:
+                dropped.discard(seq)
+                continue
+            if key_of:
+                key = key_of.pop(seq, None)
+                if key is not None:
+                    del self.keyed[key]
             self.book(source, target, start_s, seconds)
 
     def release_due(self, now_s: float) -> None:
@@ -128,6 +161,73 @@ class NicBook:
             self.planned_out_s[source] = end
         return end
 
+    def handoff_now(self, key: object, now_s: float) -> None:
+        """The transfer booked under ``key`` is requested now (its prefill has ended): book
+        it from now (or from its planned start, if that is earlier), and chain the pending
+        ones again without it. Nothing if it was booked already or never keyed."""
+        entry = self._unkey(key, now_s)
+        if entry is not None:
+            _, _, source, target, start_s, seconds = entry
+            self.book(source, target, start_s if start_s < now_s else now_s, seconds)
+            self._replan()
+
+    def cancel(self, key: object, now_s: float) -> None:
+        """Forget the pending transfer booked under ``key`` (its request ended before its
+        prefill did), and chain the pending ones again without it."""
+        if self._unkey(key, now_s) is not None:
+            self._replan()
+
+    def _unkey(
+        self, key: object, now_s: float
+    ) -> tuple[float, int, InstanceId, InstanceId, float, float] | None:
+        """Take the pending transfer of ``key`` out (lazily: the heap skips it), after
+        booking what is due by ``now_s``; None if it is not pending."""
+        self.release_due(now_s)  # what was requested before this one goes first
+        entry = self.keyed.pop(key, None)
+        if entry is None:  # not keyed, or booked by its request time already
+            return None
+        del self.key_of[entry[1]]
+        self.dropped.add(entry[1])
+        return entry
+
+    def _replan(self) -> None:
+        """``planned_in_s`` / ``planned_out_s`` from the booked NIC times and the pending
+        transfers chained in booking order (as :meth:`later` chains them)."""
+        dropped = self.dropped
+        planned_in = dict(self.in_free_s)
+        planned_out = dict(self.out_free_s)
+        for _, seq, source, target, start_s, seconds in sorted(self.pending, key=_by_seq):
+            if seq in dropped:
+                continue
+            p = planned_in.get(target, 0.0)
+            planned_in[target] = (p if p > start_s else start_s) + seconds
+            p = planned_out.get(source, 0.0)
+            planned_out[source] = (p if p > start_s else start_s) + seconds
+        self.planned_in_s = planned_in
+        self.planned_out_s = planned_out
+
+    def planned_before(
+        self, request_s: float
+    ) -> tuple[dict[InstanceId, float], dict[InstanceId, float]]:
+        """``(planned_in_s, planned_out_s)`` as a transfer requested at ``request_s`` finds
+        them: the pending transfers requested after it go after it (FIFO per NIC direction
+        in request order; at the same time, in the order made), so only those requested by
+        then are chained. The book's own dicts when no pending transfer is requested later."""
+        pending = self.pending
+        if not pending or self.latest_request_s <= request_s:
+            return self.planned_in_s, self.planned_out_s
+        dropped = self.dropped
+        planned_in = dict(self.in_free_s)
+        planned_out = dict(self.out_free_s)
+        for req_s, seq, source, target, start_s, seconds in sorted(pending, key=_by_seq):
+            if req_s > request_s or seq in dropped:
+                continue
+            p = planned_in.get(target, 0.0)
+            planned_in[target] = (p if p > start_s else start_s) + seconds
+            p = planned_out.get(source, 0.0)
+            planned_out[source] = (p if p > start_s else start_s) + seconds
+        return planned_in, planned_out
+
     def egress_free_s(self, source: InstanceId) -> float:
         """When ``source``'s egress has sent everything booked or planned on it."""
         booked = self.out_free_s.get(source, 0.0)
@@ -137,19 +237,28 @@ class NicBook:
     def handoff_tail_s(
         self, source: InstanceId, target: InstanceId, start_s: float, end_s: float, seconds: float
     ) -> float:
-        """How long after ``end_s`` (the prefill's predicted end) a hand-off of ``seconds``
-        from ``source`` to ``target``, streaming from ``start_s``, is predicted to end: it
-        waits for ``source``'s egress as booked and ``target``'s ingress as planned."""
-        start = max(start_s, self.egress_free_s(source), self.planned_in_s.get(target, 0.0))
+        """How long after ``end_s`` (the prefill's predicted end, when it is requested) a
+        hand-off of ``seconds`` from ``source`` to ``target``, streaming from ``start_s``, is
+        predicted to end: it waits for ``source``'s egress and ``target``'s ingress as
+        booked, and for the transfers planned on them that are requested by ``end_s``
+        (:meth:`planned_before`)."""
+        planned_in, planned_out = self.planned_before(end_s)
+        start = max(
+            start_s,
+            self.out_free_s.get(source, 0.0),
+            planned_out.get(source, 0.0),
+            planned_in.get(target, 0.0),
+        )
         tail = start + seconds - end_s
         return tail if tail > 0.0 else 0.0
 
     def book_plan(
         self, ctx: SchedulingContext, pre: PrefillChoice, decode: InstanceId
     ) -> Transfers:
-        """Book a plan's KV transfers (:meth:`transfers`) and return them."""
+        """Book a plan's KV transfers (:meth:`transfers`; the hand-off keyed by the request
+        id) and return them."""
         planned = self.transfers(ctx, pre, decode)
-        self.book_transfers(planned, ctx.now_s)
+        self.book_transfers(planned, ctx.now_s, ctx.request.request_id)
         return planned
 
     @staticmethod
@@ -180,8 +289,9 @@ class NicBook:
             cost.transfer_s(ctx.handoff_tokens(decode), bw),
         )
 
-    def book_transfers(self, t: Transfers, now_s: float) -> None:
-        """Book ``t`` (planned at ``now_s``: its times count from then)."""
+    def book_transfers(self, t: Transfers, now_s: float, key: object = None) -> None:
+        """Book ``t`` (planned at ``now_s``: its times count from then); ``key`` names its
+        hand-off for :meth:`handoff_now`."""
         self.release(now_s)
         if t.fetch_source is not None and t.fetch_s > 0.0:
             self.book(t.fetch_source, t.prefill, now_s, t.fetch_s)
@@ -192,4 +302,9 @@ class NicBook:
                 t.decode,
                 now_s + t.handoff_start_s,
                 t.handoff_s,
+                key,
             )
+
+
+def _by_seq(entry: tuple[float, int, InstanceId, InstanceId, float, float]) -> int:
+    return entry[1]

@@ -170,6 +170,7 @@ class Scheduler:
                 self.remove_instance(holder)
             case PrefillFinished(rid, inst, now):
                 self._state(inst).prefill.finish(rid, now)
+                self.nic.handoff_now(rid, now)
                 self.forecast.started(rid, now)
                 f = self._inflight.get(rid)
                 if f is not None:
@@ -180,6 +181,7 @@ class Scheduler:
                         d.decode.record_join(now, f.stall_s)
             case RequestFinished(rid, inst, now, out):
                 self._state(inst).decode.release(rid)
+                self.nic.cancel(rid, now)
                 self.forecast.finished(rid, now, out)
                 self._inflight.pop(rid, None)
                 if out is not None:

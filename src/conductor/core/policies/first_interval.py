@@ -8,8 +8,9 @@ first interval taken as one and a half steps (the wait for the running iteration
 own), ``k = ceil(0.1 * (E[out] - 1))`` the number of longest intervals TBT averages. The
 first interval is longer when the prompt's KV is still on its way when the prefill ends:
 the hand-off streams from the prefill's start over the prefill instance's egress and the
-decode instance's ingress, behind the transfers already booked or planned on them
-(:meth:`~conductor.core.nic.NicBook.handoff_tail_s`); what is left of it after the
+decode instance's ingress, behind the transfers booked on them and those planned that are
+requested before it (FIFO in request order: a hand-off is requested when its prefill ends;
+:meth:`~conductor.core.nic.NicBook.handoff_tail_s`); what is left of it after the
 prefill's end (``tail``) adds to the first interval, so
 
 ``TBT(d) = step(d) * (1 + 0.5 / k) + tail(d) / k``.
@@ -65,12 +66,16 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
     held = holdings.get
     carried: dict[int, float] = {}  # blocks held -> the shorter hand-off's seconds
     # the hand-off's earliest start on every decode instance: the stream's start and the
-    # prefill instance's egress (NicBook.handoff_tail_s, inlined: the ingress is per instance)
+    # prefill instance's egress, as requested at the prefill's end (NicBook.handoff_tail_s,
+    # inlined: the ingress is per instance)
     planned_in: dict[InstanceId, float] = {}
     base = start
     if nic is not None:
-        planned_in = nic.planned_in_s
-        e = nic.egress_free_s(src)
+        planned_in, planned_out = nic.planned_before(end)
+        e = nic.out_free_s.get(src, 0.0)
+        sent = planned_out.get(src, 0.0)
+        if sent > e:
+            e = sent
         if e > base:
             base = e
     late = base + seconds - end  # the tail on a free ingress (may be < 0)
