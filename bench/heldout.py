@@ -30,6 +30,10 @@ and ``VARIANT`` changes one setting the parameters were not chosen at:
   (``--cache-tokens 300000``: a few long documents each); ``cache300knofetch``: the same
   without a KV store between engines (as behind ``conductor serve``); ``cache300kcolo``:
   the same on 16 aggregated engines (``colo``);
+* ``lanes`` / ``nofetchlanes``: the scheduler told how many prompts each engine prefills
+  side by side (``--prefill-lanes engine``: the simulated engines' token budget over their
+  per-prompt chunk cap, 2; the default tells it 1, one after another), with KV fetches /
+  without them (as behind ``conductor serve`` with ``prefill_lanes=`` on its engines);
 * ``off``: no admission for anybody (placement alone);
 * ``costerr``: engines off the cost model (``--cost-error 0.3 --cost-bias 0.3``: every
   request's prefill and decode 30% slower than the model on average, times a lognormal
@@ -80,6 +84,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "cache300k": {"cache_tokens": 300_000},
     "cache300knofetch": {"cache_tokens": 300_000, "kv_fetch": False},
     "cache300kcolo": {"cache_tokens": 300_000, "prefill": 0, "decode": 0, "both": 16},
+    "lanes": {"prefill_lanes": "engine"},
+    "nofetchlanes": {"kv_fetch": False, "prefill_lanes": "engine"},
 }
 """Each variant's change to ``hold_order.OPTIONS`` (``conductor compare``'s defaults)."""
 

@@ -58,7 +58,10 @@ def test_cases_parse_and_bad_ones_are_named() -> None:
         "cache300k",
         "cache300knofetch",
         "cache300kcolo",
+        "lanes",
+        "nofetchlanes",
     }
+    assert m.VARIANTS["nofetchlanes"] == {"kv_fetch": False, "prefill_lanes": "engine"}
     for case in m.parse_cases(m.DEFAULT_CASES):
         assert case.variant in m.VARIANTS
 
