@@ -18,6 +18,7 @@ predicted end, long after its KV moved. Pure bookkeeping: times come in as argum
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -191,20 +192,9 @@ class NicBook:
         return entry
 
     def _replan(self) -> None:
-        """``planned_in_s`` / ``planned_out_s`` from the booked NIC times and the pending
-        transfers chained in booking order (as :meth:`later` chains them)."""
-        dropped = self.dropped
-        planned_in = dict(self.in_free_s)
-        planned_out = dict(self.out_free_s)
-        for _, seq, source, target, start_s, seconds in sorted(self.pending, key=_by_seq):
-            if seq in dropped:
-                continue
-            p = planned_in.get(target, 0.0)
-            planned_in[target] = (p if p > start_s else start_s) + seconds
-            p = planned_out.get(source, 0.0)
-            planned_out[source] = (p if p > start_s else start_s) + seconds
-        self.planned_in_s = planned_in
-        self.planned_out_s = planned_out
+        """``planned_in_s`` / ``planned_out_s`` from the booked NIC times and every pending
+        transfer chained in booking order (as :meth:`later` chains them)."""
+        self.planned_in_s, self.planned_out_s = self._chained(math.inf)
 
     def planned_before(
         self, request_s: float
@@ -216,10 +206,15 @@ class NicBook:
         pending = self.pending
         if not pending or self.latest_request_s <= request_s:
             return self.planned_in_s, self.planned_out_s
+        return self._chained(request_s)
+
+    def _chained(self, request_s: float) -> tuple[dict[InstanceId, float], dict[InstanceId, float]]:
+        """The booked NIC times with the pending transfers requested by ``request_s``
+        chained on them in booking order (the dropped ones left out)."""
         dropped = self.dropped
         planned_in = dict(self.in_free_s)
         planned_out = dict(self.out_free_s)
-        for req_s, seq, source, target, start_s, seconds in sorted(pending, key=_by_seq):
+        for req_s, seq, source, target, start_s, seconds in sorted(self.pending, key=_by_seq):
             if req_s > request_s or seq in dropped:
                 continue
             p = planned_in.get(target, 0.0)
