@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "hot_paths.py"
+from tests.bench_module import load_bench
 
 
 def test_hot_paths_bench_reports_each_path(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("hot_paths", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["hot_paths"] = module
-    spec.loader.exec_module(module)
+    module = load_bench("hot_paths")
     out = tmp_path / "hot.json"
     assert module.main(["--n", "20", "--json", str(out)]) == 0
     result = json.loads(out.read_text())

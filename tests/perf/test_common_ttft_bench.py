@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "common_ttft.py"
+from tests.bench_module import load_bench
 
 
 def _bench() -> ModuleType:
-    sys.path.insert(0, str(BENCH.parent))
-    spec = importlib.util.spec_from_file_location("common_ttft", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["common_ttft"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("common_ttft")
 
 
 def test_the_common_set_leaves_out_what_only_one_policy_served() -> None:

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "heldout.py"
+from tests.bench_module import load_bench
 
 
 def _bench() -> ModuleType:
-    sys.path.insert(0, str(BENCH.parent))
-    spec = importlib.util.spec_from_file_location("heldout", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["heldout"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("heldout")
 
 
 def test_cases_parse_and_bad_ones_are_named() -> None:

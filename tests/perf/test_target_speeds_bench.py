@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "target_speeds.py"
+from tests.bench_module import load_bench
 
 
 def _bench() -> ModuleType:
-    sys.path.insert(0, str(BENCH.parent))
-    spec = importlib.util.spec_from_file_location("target_speeds", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["target_speeds"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("target_speeds")
 
 
 def test_options_parse_and_bad_ones_are_named() -> None:
