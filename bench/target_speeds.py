@@ -110,6 +110,8 @@ def main() -> None:
         p.error(str(exc))
     if args.bisect_steps < 0:
         p.error(f"--bisect-steps must be >= 0, got {args.bisect_steps}")
+    if args.json is not None and not args.json.parent.is_dir():  # not after minutes of runs
+        p.error(f"--json: no folder {str(args.json.parent)!r} to write {args.json.name!r} in")
     policies = default_compare_policies()
     results = []
     for seed in seeds:

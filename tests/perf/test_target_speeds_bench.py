@@ -36,3 +36,15 @@ def test_target_speed_is_the_largest_peer_capacity_first_on_ties() -> None:
         "llmd": {"speed": 2.0, "attainment": 0.99},
     }
     assert m.target_speed(caps) == ("mooncake", 6.5)
+
+
+def test_a_json_path_without_its_folder_is_refused_before_any_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    m = _bench()
+    monkeypatch.setattr(m, "peer_capacities", lambda *a: pytest.fail("ran a simulation"))
+    monkeypatch.setattr("sys.argv", ["target_speeds.py", "--json", "/no/such/dir/out.json"])
+    with pytest.raises(SystemExit) as exit_:
+        m.main()
+    assert exit_.value.code == 2
+    assert "--json: no folder '/no/such/dir' to write 'out.json' in" in capsys.readouterr().err
