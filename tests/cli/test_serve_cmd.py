@@ -59,6 +59,7 @@ def test_check_prints_the_resolved_configuration(model_dir: Path) -> None:
             "kind": "vllm",
             "max_blocks": None,
             "prefill_lanes": 1,
+            "prefill_chunk_tokens": 0,
         },
         {
             "id": "dec",
@@ -72,6 +73,7 @@ def test_check_prints_the_resolved_configuration(model_dir: Path) -> None:
             "kind": "vllm",
             "max_blocks": None,
             "prefill_lanes": 1,
+            "prefill_chunk_tokens": 0,
         },
     ]
 
@@ -156,7 +158,7 @@ def test_admin_token_from_environment(model_dir: Path) -> None:
             ["--engine", "http://h:1,role=both,colour=red"],
             "invalid engines[0].colour='red': unknown key; known: ('id', 'url', 'role', "
             "'kv_events', 'replay', 'model', 'block_size', 'topic', 'kind', 'max_blocks', "
-            "'prefill_lanes')",
+            "'prefill_lanes', 'prefill_chunk_tokens')",
         ),
         (
             ["--engine", "http://h:1,both"],

@@ -162,6 +162,38 @@ def test_an_engines_prefill_lanes_reach_the_scheduler() -> None:
         assert why in err.value.why
 
 
+def test_an_engines_prefill_chunk_reaches_the_scheduler() -> None:
+    """``prefill_chunk_tokens`` (its ``--long-prefill-token-threshold``) is the scheduler's
+    ``InstanceSpec.prefill_chunk_tokens``; 0 (unknown) when not given; a negative count or a
+    word is a clear error naming the key."""
+    given = engine_from_mapping(
+        {
+            "url": "http://10.0.0.1:8000",
+            "role": "prefill",
+            "id": "e0",
+            "prefill_lanes": 2,
+            "prefill_chunk_tokens": "2048",
+        },
+        default_block_size=16,
+    )
+    assert given.prefill_chunk_tokens == 2048 and given.to_json()["prefill_chunk_tokens"] == 2048
+    chunked = replace(
+        engine("e0", "http://10.0.0.1:8000"), prefill_lanes=2, prefill_chunk_tokens=2048
+    )
+    gw = make_gateway([chunked, engine("e1", "http://10.0.0.2:8000")], transport=transport([]))
+    assert gw.conductor.instances[InstanceId("e0")].spec.prefill_chunk_tokens == 2048
+    assert gw.conductor.instances[InstanceId("e1")].spec.prefill_chunk_tokens == 0
+    for bad, why in ((-1, "must be >= 0"), ("big", "must be an integer")):
+        with pytest.raises(InvalidInput) as err:
+            engine_from_mapping(
+                {"url": "http://10.0.0.1:8000", "role": "prefill", "prefill_chunk_tokens": bad},
+                default_block_size=16,
+                where="engines[0]",
+            )
+        assert (err.value.field, err.value.value) == ("engines[0].prefill_chunk_tokens", bad)
+        assert why in err.value.why
+
+
 def test_an_engines_kv_capacity_sizes_its_prefix_cache_for_the_scheduler() -> None:
     """``max_blocks`` (the engine's KV capacity) x its block size: the cache size conductor
     prices evictions with; unknown without it."""

@@ -52,15 +52,19 @@ def test_the_scheduler_told_of_the_engines_lanes_predicts_the_short_prompts_wait
     lanes: int,
 ) -> None:
     """The same two prompts as below, the scheduler told that each engine prefills two
-    prompts side by side (``prefill_lanes``, what these engines do) or not: the short
-    prompt's predicted TTFT is twice its own prefill (processor sharing with the long one)
-    against its wait for the whole long prompt; it really ends after 0.131 s."""
+    prompts side by side (``prefill_lanes``, what these engines do, with their 4,096-token
+    chunks) or not: the short prompt's predicted TTFT is the rest of the long prompt's step
+    under way, then one step, its own prefill beside another of the long prompt's chunks
+    (taken as equal: 0.113 s), against its wait for the whole long prompt; it really ends
+    after 0.131 s (the long prompt's first step, then the second)."""
     reqs = [_req(0, 0.0, 40_000, 1), _req(1, 0.001, 1000, 1)]
     assert EngineConfig().lanes() == 2  # 8192-token budget, 4096 tokens per prompt and step
     cfg = SimConfig(policy="round_robin", n_prefill=1, n_decode=1, cost=COST, prefill_lanes=lanes)
     _, short = simulate(reqs, cfg, outputs=max_tokens_outputs(reqs)).records
     assert short.ttft_s == pytest.approx(P(4096, 0) + P(8192, 4096) + P(1000, 0) - F - 0.001)
-    shared, queued = 2 * P(1000, 0), P(40_000, 0) - 0.001 + P(1000, 0)
+    rest = 1 - 40_000 * 0.001 / P(40_000, 0) / 4096  # of the first step, 1 ms in
+    shared = (rest + 1) * (P(40_000, 0) - 0.001) / (9 + rest) + P(1000, 0)
+    queued = P(40_000, 0) - 0.001 + P(1000, 0)
     assert short.predicted_ttft_s == pytest.approx(shared if lanes == 2 else queued)
 
 

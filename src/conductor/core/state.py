@@ -19,6 +19,7 @@ in ``_ctx`` and not in ``_started``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from conductor.core.types import InstanceId, RequestId, Role
@@ -54,6 +55,11 @@ class InstanceSpec:
     // long_prefill_token_threshold`` prompts share each step and a short prompt does not
     wait for a long one to end; 1 (vLLM's default): one after another, first come first
     served. Read by :meth:`PrefillState.wait_s`."""
+    prefill_chunk_tokens: int = 0
+    """With ``prefill_lanes`` > 1, the most tokens of one prompt its engine computes per step
+    (vLLM's ``long_prefill_token_threshold``): a prompt beside others then takes one step per
+    chunk, each step as long as all their chunks together (:meth:`PrefillState.wait_s`); 0
+    (unknown): processor sharing, as if chunks were infinitely small."""
 
 
 @dataclass(slots=True)
@@ -72,44 +78,41 @@ class PrefillState:
         q = self.busy_until_s - now_s
         return q if q > 0.0 else 0.0
 
-    def wait_s(self, now_s: float, work_s: float, lanes: int) -> float:
-        """How long a new prefill of ``work_s`` seconds would wait here: its predicted end
-        less ``work_s``. With one lane, the queue (first come, first served). With ``lanes``
-        > 1, processor sharing among at most ``lanes`` prompts, admitted first come first
-        served: the queued prefills' predicted times, the oldest reduced so that they sum
-        to the backlog (what the running ones have done), share the engine's speed with the
-        new one while fewer than ``lanes`` are left ahead of it — a short prompt behind a
-        long one ends after about ``lanes x`` its own time."""
+    def wait_s(
+        self, now_s: float, work_s: float, lanes: int, new_tokens: int = 0, chunk_tokens: int = 0
+    ) -> float:
+        """How long a new prefill of ``work_s`` seconds and ``new_tokens`` tokens would wait
+        here: its predicted end less ``work_s``. With one lane, the queue (first come, first
+        served). With ``lanes`` > 1, at most ``lanes`` prompts side by side, admitted first
+        come first served, the queued ones' predicted times reduced, the oldest first, so
+        that they sum to the backlog (what the running ones have done, their tokens in
+        proportion), then :func:`lanes_end`: with ``chunk_tokens``, a short prompt beside a
+        long one ends after one step, as long as its own chunk plus the long one's; without
+        (0), processor sharing — it ends after about ``lanes x`` its own time."""
         q = self.queue_s(now_s)
         if q == 0.0 or lanes <= 1 or not self._pred_s:
             return q
-        ahead = list(self._pred_s.values())
+        works = list(self._pred_s.values())
+        tokens = [float(x) for x in self._tokens.values()]
         excess = self._sum_pred_s - q
         i = 0  # the oldest not done
-        while excess > 0.0 and i < len(ahead):
-            if ahead[i] <= excess:
-                excess -= ahead[i]
+        step_left = 0.0  # the part of the engine's current step still to run
+        while excess > 0.0 and i < len(works):
+            if works[i] <= excess:
+                excess -= works[i]
                 i += 1
             else:
-                ahead[i] -= excess
+                whole = tokens[i]
+                tokens[i] *= (works[i] - excess) / works[i]
+                works[i] -= excess
                 excess = 0.0
-        ahead.append(work_s)
-        me = len(ahead) - 1
-        active = list(range(i, min(i + lanes, len(ahead))))
-        nxt = i + len(active)
-        t = 0.0
-        while True:
-            j = min(active, key=ahead.__getitem__)
-            step = ahead[j]
-            t += step * len(active)
-            for a in active:
-                ahead[a] -= step
-            active.remove(j)
-            if j == me:
-                return t - work_s if t > work_s else 0.0
-            if nxt < len(ahead):
-                active.append(nxt)
-                nxt += 1
+                if chunk_tokens > 0:  # it is in the middle of a chunk: the step runs on
+                    into = (whole - tokens[i]) % chunk_tokens
+                    step_left = 1.0 - into / chunk_tokens if into > 0.0 else 0.0
+        works.append(work_s)
+        tokens.append(float(new_tokens))
+        t = lanes_end(works, tokens, i, lanes, chunk_tokens, step_left)
+        return t - work_s if t > work_s else 0.0
 
     def assign(self, rid: RequestId, predicted_s: float, new_tokens: int, now_s: float) -> float:
         """Queue ``rid``; returns its predicted prefill end."""
@@ -306,3 +309,69 @@ class InstanceState:
     @property
     def schedulable(self) -> bool:
         return self.healthy and not self.draining
+
+
+def lanes_end(
+    works: list[float],
+    tokens: list[float],
+    i: int,
+    lanes: int,
+    chunk: int,
+    step_left: float = 0.0,
+) -> float:
+    """When the last prefill of ``works`` (seconds; ``tokens`` to compute) ends, those from
+    index ``i`` on taking at most ``lanes`` lanes side by side, first come first served.
+    Each step computes a chunk of at most ``chunk`` tokens of every prompt in a lane and
+    lasts as long as their chunks together (a prompt's chunks taken as equal shares of its
+    time: the engine's step is the sum of its chunks' costs); ``step_left``: the fraction of
+    a step the prompts in lanes are in the middle of, which the last one joins only after.
+    ``chunk`` 0: processor sharing (each of the ``k`` prompts in a lane at ``1/k`` of the
+    engine's speed). ``works`` is consumed."""
+    me = len(works) - 1
+    n = len(works)
+    if chunk > 0:
+        left = [max(1.0, math.ceil(x / chunk)) for x in tokens]
+        if step_left > 0.0:
+            left[i] += step_left - 1.0  # its current chunk is partly done
+    else:
+        left = [0.0] * n
+    active = list(range(i, min(i + lanes, n)))
+    nxt = i + len(active)
+    t = 0.0
+    if chunk > 0 and step_left > 0.0:  # the step under way, without the newcomer
+        running = [a for a in active if a != me]
+        for a in running:
+            t += step_left * works[a] / left[a]
+        for a in running:
+            works[a] -= step_left * works[a] / left[a]
+            left[a] -= step_left
+            if left[a] <= 1e-12:
+                active.remove(a)
+                if nxt < n:
+                    active.append(nxt)
+                    nxt += 1
+    while True:
+        if chunk > 0:
+            m = min(left[a] for a in active)
+            step = 0.0
+            for a in active:
+                step += works[a] / left[a]
+            t += m * step
+            for a in active:
+                works[a] -= m * works[a] / left[a]
+                left[a] -= m
+            done = [a for a in active if left[a] <= 1e-12]
+        else:
+            j = min(active, key=works.__getitem__)
+            w = works[j]
+            t += w * len(active)
+            for a in active:
+                works[a] -= w
+            done = [j]
+        if me in done:
+            return t
+        for a in done:
+            active.remove(a)
+        while len(active) < lanes and nxt < n:
+            active.append(nxt)
+            nxt += 1

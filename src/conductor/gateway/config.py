@@ -34,6 +34,7 @@ ENGINE_KEYS = (
     "kind",
     "max_blocks",
     "prefill_lanes",
+    "prefill_chunk_tokens",
 )
 """The keys an engine may be given (TOML table, ``--engine`` option, admin JSON body)."""
 
@@ -74,7 +75,10 @@ class EngineConfig:
     evict; unknown, it prices nothing); ``prefill_lanes``: how many prompts it prefills side
     by side (vLLM with partial prefills: ``--max-num-batched-tokens`` over
     ``--long-prefill-token-threshold``; 1, its default: one after another), which the
-    scheduler's predicted waits follow. ``kv_events`` and ``replay`` may be ``ipc://`` paths.
+    scheduler's predicted waits follow; ``prefill_chunk_tokens``: with several lanes, that
+    ``--long-prefill-token-threshold`` (0, unknown: the scheduler takes the prompts side by
+    side as sharing the engine's speed). ``kv_events`` and ``replay`` may be ``ipc://``
+    paths.
     """
 
     engine_id: str
@@ -88,6 +92,7 @@ class EngineConfig:
     kind: str = DEFAULT_KIND
     max_blocks: int | None = None
     prefill_lanes: int = SERIAL_PREFILL_LANES
+    prefill_chunk_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.engine_id, str) or not _ID_RE.match(self.engine_id):
@@ -108,6 +113,7 @@ class EngineConfig:
         if self.max_blocks is not None:
             check_at_least("max_blocks", self.max_blocks, 1)
         check_at_least("prefill_lanes", self.prefill_lanes, 1)
+        check_at_least("prefill_chunk_tokens", self.prefill_chunk_tokens, 0)
         if self.model is not None and not self.model:
             raise InvalidInput("model", self.model, "must not be empty")
 
@@ -124,6 +130,7 @@ class EngineConfig:
             "kind": self.kind,
             "max_blocks": self.max_blocks,
             "prefill_lanes": self.prefill_lanes,
+            "prefill_chunk_tokens": self.prefill_chunk_tokens,
         }
 
 
@@ -180,6 +187,8 @@ def engine_from_mapping(
     max_blocks = integer("max_blocks", None)
     lanes = integer("prefill_lanes", SERIAL_PREFILL_LANES)
     assert lanes is not None
+    chunk = integer("prefill_chunk_tokens", 0)
+    assert chunk is not None
     engine_id = text("id") or default_engine_id(url)
     kv_events, replay, model = text("kv_events"), text("replay"), text("model")
     topic, kind = text("topic") or "", text("kind") or DEFAULT_KIND
@@ -196,6 +205,7 @@ def engine_from_mapping(
             kind=kind,
             max_blocks=max_blocks,
             prefill_lanes=lanes,
+            prefill_chunk_tokens=chunk,
         )
     except InvalidInput as exc:
         raise InvalidInput(f"{where}.{exc.field}", exc.value, exc.why) from None

@@ -81,6 +81,7 @@ class EngineSet:
                 pulls_kv=False,
                 cache_capacity_tokens=cache,
                 prefill_lanes=config.prefill_lanes,
+                prefill_chunk_tokens=config.prefill_chunk_tokens,
             )
         )
         monitor = self.monitor

@@ -103,6 +103,8 @@ class SimConfig:
     engine prefills side by side (``InstanceSpec.prefill_lanes``): 1, one after another (its
     queue model: first come, first served); ``engine.max_num_batched_tokens //
     engine.long_prefill_token_threshold`` (:meth:`EngineConfig.lanes`) is what they do.
+    The scheduler is told the engines' ``long_prefill_token_threshold`` as their
+    ``InstanceSpec.prefill_chunk_tokens`` (read only with more than one lane).
     """
 
     policy: str = DEFAULT_POLICY

@@ -99,6 +99,7 @@ def make_engines(cfg: SimConfig, scheduler: Scheduler) -> dict[InstanceId, Engin
                     pulls_kv=cfg.kv_fetch,
                     cache_capacity_tokens=cache_tokens,
                     prefill_lanes=cfg.prefill_lanes,
+                    prefill_chunk_tokens=eng.long_prefill_token_threshold,
                 )
             )
             cache = LruBlockCache(cfg.cache_capacity_blocks) if role.prefills else None

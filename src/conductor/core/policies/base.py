@@ -222,13 +222,17 @@ class SchedulingContext:
                 return h
         return None
 
-    def wait_s(self, inst: InstanceState, compute_s: float) -> float:
-        """How long a prefill of ``compute_s`` seconds would wait on ``inst`` now: its queue,
-        or with an engine that prefills several prompts side by side (``prefill_lanes``)
-        the processor-sharing estimate (:meth:`~conductor.core.state.PrefillState.wait_s`)."""
-        lanes = inst.spec.prefill_lanes
+    def wait_s(self, inst: InstanceState, compute_s: float, cached_tokens: int) -> float:
+        """How long a prefill of ``compute_s`` seconds, reusing ``cached_tokens`` of the
+        prompt, would wait on ``inst`` now: its queue, or with an engine that prefills
+        several prompts side by side (``prefill_lanes``) the wait beside the others
+        (:meth:`~conductor.core.state.PrefillState.wait_s`)."""
+        spec = inst.spec
+        lanes = spec.prefill_lanes
         if lanes > 1:
-            return inst.prefill.wait_s(self.now_s, compute_s, lanes)
+            new = self.request.prompt_tokens - cached_tokens
+            chunk = spec.prefill_chunk_tokens
+            return inst.prefill.wait_s(self.now_s, compute_s, lanes, new, chunk)
         return inst.prefill.queue_s(self.now_s)
 
     def local_choice(self, inst: InstanceState) -> PrefillChoice:
@@ -240,7 +244,7 @@ class SchedulingContext:
             local,
             0,
             None,
-            self.wait_s(inst, compute),
+            self.wait_s(inst, compute, local),
             0.0,
             compute,
         )
@@ -262,7 +266,7 @@ class SchedulingContext:
             local,
             fetch,
             source,
-            self.wait_s(inst, compute),
+            self.wait_s(inst, compute, best),
             self.cost.transfer_s(fetch, bw) + self.nic_wait_s(source, iid),
             compute,
         )

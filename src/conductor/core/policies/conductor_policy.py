@@ -108,7 +108,7 @@ class ConductorPolicy:
             if est is None:
                 est = estimates[k] = _estimate(ctx, best_tokens, *k)
             local, fetch, fetch_compute = est
-            queue = ctx.wait_s(inst, local)
+            queue = ctx.wait_s(inst, local, ctx.tokens(k[0]))
             # in a pool with `both` and other instances, a `both` one whose decodes would
             # miss the TBT SLO (its prefills' stalls included) goes after the others
             over = not colocated and spec.role is Role.BOTH and colocated_tbt_s(ctx, inst) > slo

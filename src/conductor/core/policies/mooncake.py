@@ -63,7 +63,8 @@ class MooncakePolicy:
             transfer, compute, fetches = est
             if fetches:
                 transfer += ctx.nic_wait_s(ctx.fetch_source(iid), iid)
-            ttft = ctx.wait_s(inst, compute) + transfer + compute
+            cached = ctx.best_tokens() if fetches else ctx.tokens(key[0])
+            ttft = ctx.wait_s(inst, compute, cached) + transfer + compute
             if winner is None or ttft < winner_ttft:
                 winner, winner_ttft, winner_fetches = inst, ttft, fetches
         assert winner is not None, "prefill pool is empty"
