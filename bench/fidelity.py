@@ -68,6 +68,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -423,8 +424,6 @@ def handoff(
     """P/D: the hand-off probe through a conductor gateway, its fit, and the cost file with
     its ``[transfer]`` set from the fit (the file the replays and the simulator use); the
     cost file's own prediction beside each measured length."""
-    import tomllib
-
     prefill, decode = engines
     gw = fc.gateway(
         engines, cost_file, "conductor", args.admission, args.flags, work,
@@ -504,6 +503,27 @@ def handoff(
     info["transfer_set"] = True
     info["fitted_transfer"] = doc["transfer"]
     return out, parse_cost_file(out.read_text()).cost, info
+
+
+def decode_step_from(decode_file: Path, cost_file: Path, work: Path) -> Path:
+    """``cost_file`` with the ``[decode]`` fit (and its samples) of ``decode_file``: the P/D
+    scenario's decode engine profiled beside the prefill engine (``--profile-both``)."""
+    doc = tomllib.loads(cost_file.read_text())
+    theirs = tomllib.loads(decode_file.read_text())
+    doc["decode"] = theirs["decode"]
+    measured = dict(doc.get("measured", {}))
+    for key in ("decode_samples", "decode_rms_error", "decode_max_error"):
+        if key in theirs.get("measured", {}):
+            measured[key] = theirs["measured"][key]
+    measured["decode"] = (
+        "bench/fidelity.py --scenario pd --profile-both: the decode engine's own profile,"
+        " taken at the same time as the prefill engine's"
+    )
+    doc["measured"] = measured
+    out = work / "cost-pd-decode.toml"
+    header = ["conductor profile's file, [decode] of the decode engine's"]
+    out.write_text(render_cost_file(doc, header))
+    return out
 
 
 def analyse_pd(
@@ -611,7 +631,8 @@ def main() -> int:
     p.add_argument(
         "--profile-both",
         action="store_true",
-        help="profile both engines at once (e0's file is used): the replay's contention",
+        help="profile both engines at once (e0's file is used; pd: with the decode engine's"
+        " decode step): the replay's contention",
     )
     p.add_argument("--ttft-slo-s", type=float, default=30.0)
     p.add_argument("--tbt-slo-ms", type=float, default=1000.0)
@@ -725,6 +746,9 @@ def main() -> int:
             if args.profile_both:
                 # Both engines profiled at once: each sees the other busy, as in the replay.
                 fc.profile_together(engines, args.flags.model, cost_file, work)
+                if pd:  # the decode step as the decode engine (the connector's consumer) ran it
+                    decode_file = work / f"cost-{engines[1].engine_id}.toml"
+                    cost_file = decode_step_from(decode_file, cost_file, work)
             else:
                 fc.profile(engines[0], args.flags.model, cost_file)
             result["profile_wall_s"] = round(time.monotonic() - t, 1)

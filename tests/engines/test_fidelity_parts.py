@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +165,28 @@ def test_output_scaling_defaults_by_scenario_and_names_a_bad_option() -> None:
         fidelity.output_scaling(ns("both", 0.0), 2048)
     with pytest.raises(ValueError, match=r"--max-output-tokens must be in 1\.\.2047, got 2048"):
         fidelity.output_scaling(ns("pd", None, 2048), 2048)
+
+
+def test_profile_both_in_pd_takes_the_decode_step_of_the_decode_engine(tmp_path: Path) -> None:
+    """``--scenario pd --profile-both``: the prefill engine's cost file with the ``[decode]``
+    fit (and its samples) of the decode engine's profile, everything else kept."""
+    import tomllib
+
+    import fidelity
+
+    from conductor.core.cost_file import render_cost_file
+
+    doc = tomllib.loads(COMMITTED.read_text())
+    theirs = dict(doc)
+    theirs["decode"] = {"form": "linear", "c0": 0.02, "c1": 0.001, "c2": 1e-6}
+    theirs["measured"] = {**doc["measured"], "decode_rms_error": 0.5}
+    decode_file = tmp_path / "cost-d0.toml"
+    decode_file.write_text(render_cost_file(theirs))
+    out = fidelity.decode_step_from(decode_file, COMMITTED, tmp_path)
+    mine, got = parse_cost_file(COMMITTED.read_text()).cost, parse_cost_file(out.read_text()).cost
+    assert got.decode_step_s(4, 1000) == pytest.approx(0.02 + 0.004 + 0.001)
+    assert got.prefill_s(1000, 200) == mine.prefill_s(1000, 200)
+    assert got.kv_capacity_tokens == mine.kv_capacity_tokens
+    measured = tomllib.loads(out.read_text())["measured"]
+    assert measured["decode_rms_error"] == 0.5
+    assert "decode engine's own profile" in measured["decode"]
