@@ -57,6 +57,33 @@ def test_ties_go_to_the_less_queued_instance() -> None:
     assert plan.prefill == "p1"  # p0: 8 ms queued; p1 vs p2: same TTFT, p1 fewer tokens
 
 
+def _ended(c, name: str, at: float) -> None:  # type: ignore[no-untyped-def]
+    state = c.instances[iid(name)].prefill
+    state.assign(RequestId(f"done-{name}"), 1.0, 4, at - 1.0)
+    state.finish(RequestId(f"done-{name}"), at)
+
+
+def test_idle_ties_go_to_the_emptier_cache_then_the_longest_idle() -> None:
+    """A prompt no instance holds, every instance idle: it goes where the fewest blocks are
+    cached (a new prefix group does not pile onto the first instance of the pool), and
+    between equally full caches to the instance idle the longest (its last prefill ended
+    first)."""
+    c = make_conductor(3, 1, policy="conductor")
+    c.on_event(BlocksStored(iid("p0"), hashes(100, 101), Tier.DRAM))
+    c.on_event(BlocksStored(iid("p1"), hashes(200), Tier.DRAM))
+    c.on_event(BlocksStored(iid("p2"), hashes(300), Tier.DRAM))
+    _ended(c, "p1", 5.0)
+    _ended(c, "p2", 3.0)
+    plan = c.schedule(req("r", hashes(7, 8), 8), now_s=10.0)
+    assert isinstance(plan, Plan) and plan.prefill == "p2"  # p0 holds 2; p2 idle since 3 s
+    c = make_conductor(2, 1, policy="conductor")
+    c.on_event(BlocksStored(iid("p1"), hashes(200), Tier.DRAM))
+    _ended(c, "p0", 9.0)
+    _ended(c, "p1", 1.0)
+    plan = c.schedule(req("s", hashes(9), 4), now_s=10.0)
+    assert isinstance(plan, Plan) and plan.prefill == "p0"  # the emptier cache first
+
+
 def test_conductor_brings_admission_and_cpp() -> None:
     assert policy_config_defaults("conductor") == {"admission": "early", "cpp_enabled": True}
     assert policy_config_defaults("mooncake") == {}

@@ -9,7 +9,11 @@ Per prefill instance ``i`` (local prefix ``l_i``, best prefix ``b`` held by some
 ``kvcache_balancing_threshold`` rule; pricing both can only lower the predicted TTFT, and
 it keeps the choice right when a transfer is slow, e.g. a congested or cross-rack path).
 ``p = argmin_i TTFT(i)``; exact ties go to the instance with the least queued time, then
-the fewest queued tokens, then pool order. The fetch becomes a replica on ``p`` (hot-spot
+the fewest queued tokens, then the fewest cached blocks, then the one idle longest (its
+predicted end of work the earliest), then pool order: a prompt nobody holds, at light load,
+goes to the emptiest cache, so new prefix groups (a system prompt, a new conversation)
+spread over the pool rather than all starting on its first instance and then queueing
+there behind each other. The fetch becomes a replica on ``p`` (hot-spot
 migration, lines 20-21). Where an instance's cache size is known and its cache is full, the
 key adds what its store would evict: ``w x prefill_s(evicted blocks' tokens, 0)``, ``w``
 the measured chance that an evicted block is asked for again
@@ -84,7 +88,8 @@ class ConductorPolicy:
         best_tokens = ctx.best_tokens()
         estimates: dict[tuple[int, float | None, bool], tuple[float, float, float]] = {}
         winner: InstanceState | None = None
-        winner_key = (False, 0.0, 0.0, 0)
+        winner_key = (False, 0.0, 0.0, 0, 0, 0.0)
+        index = ctx.index
         pool = ctx.prefill_pool
         colocated = all_colocated(pool)
         slo = ctx.tbt_slo_s
@@ -143,7 +148,9 @@ class ConductorPolicy:
                         price = evict_s[evict] = weight * ctx.cost.prefill_s(evict * bs, 0)
                     ttft += price
                     cost = ttft / ttft_slo + tbt_cost if colocated else ttft
-            key = (over, cost, queue, inst.prefill.queued_tokens)
+            state = inst.prefill
+            held = index.local_count(iid) if index is not None else 0
+            key = (over, cost, queue, state.queued_tokens, held, state.busy_until_s)
             if winner is None or key < winner_key:
                 winner, winner_key, winner_fetches = inst, key, fetches
         assert winner is not None, "prefill pool is empty"
