@@ -223,10 +223,13 @@ class NicBook:
             planned_out[source] = (p if p > start_s else start_s) + seconds
         return planned_in, planned_out
 
-    def egress_free_s(self, source: InstanceId) -> float:
-        """When ``source``'s egress has sent everything booked or planned on it."""
+    def egress_free_s(
+        self, source: InstanceId, planned_out: dict[InstanceId, float] | None = None
+    ) -> float:
+        """When ``source``'s egress has sent everything booked or planned on it (planned:
+        ``planned_out``, e.g. from :meth:`planned_before`; the book's own by default)."""
         booked = self.out_free_s.get(source, 0.0)
-        planned = self.planned_out_s.get(source, 0.0)
+        planned = (self.planned_out_s if planned_out is None else planned_out).get(source, 0.0)
         return booked if booked > planned else planned
 
     def handoff_tail_s(
@@ -238,12 +241,7 @@ class NicBook:
         booked, and for the transfers planned on them that are requested by ``end_s``
         (:meth:`planned_before`)."""
         planned_in, planned_out = self.planned_before(end_s)
-        start = max(
-            start_s,
-            self.out_free_s.get(source, 0.0),
-            planned_out.get(source, 0.0),
-            planned_in.get(target, 0.0),
-        )
+        start = max(start_s, self.egress_free_s(source, planned_out), planned_in.get(target, 0.0))
         tail = start + seconds - end_s
         return tail if tail > 0.0 else 0.0
 

@@ -72,10 +72,7 @@ def first_interval_tbt(ctx: SchedulingContext, prefill: PrefillChoice) -> Decode
     base = start
     if nic is not None:
         planned_in, planned_out = nic.planned_before(end)
-        e = nic.out_free_s.get(src, 0.0)
-        sent = planned_out.get(src, 0.0)
-        if sent > e:
-            e = sent
+        e = nic.egress_free_s(src, planned_out)
         if e > base:
             base = e
     late = base + seconds - end  # the tail on a free ingress (may be < 0)
