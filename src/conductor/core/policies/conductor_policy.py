@@ -88,8 +88,7 @@ class ConductorPolicy:
         best_tokens = ctx.best_tokens()
         estimates: dict[tuple[int, float | None, bool], tuple[float, float, float]] = {}
         winner: InstanceState | None = None
-        winner_key = (False, 0.0, 0.0, 0, 0, 0.0)
-        index = ctx.index
+        winner_key = (False, 0.0, 0.0, 0)
         pool = ctx.prefill_pool
         colocated = all_colocated(pool)
         slo = ctx.tbt_slo_s
@@ -148,10 +147,12 @@ class ConductorPolicy:
                         price = evict_s[evict] = weight * ctx.cost.prefill_s(evict * bs, 0)
                     ttft += price
                     cost = ttft / ttft_slo + tbt_cost if colocated else ttft
-            state = inst.prefill
-            held = index.local_count(iid) if index is not None else 0
-            key = (over, cost, queue, state.queued_tokens, held, state.busy_until_s)
-            if winner is None or key < winner_key:
+            key = (over, cost, queue, inst.prefill.queued_tokens)
+            if (
+                winner is None
+                or key < winner_key
+                or (key == winner_key and _spread(ctx, inst) < _spread(ctx, winner))
+            ):
                 winner, winner_key, winner_fetches = inst, key, fetches
         assert winner is not None, "prefill pool is empty"
         return ctx.fetch_choice(winner) if winner_fetches else ctx.local_choice(winner)
@@ -182,3 +183,11 @@ def _estimate(
         fetch = ctx.cost.transfer_s(best_tokens - local, nic_bytes_per_s) + compute
         return compute_local, fetch, compute
     return compute_local, math.inf, math.inf
+
+
+def _spread(ctx: SchedulingContext, inst: InstanceState) -> tuple[int, float]:
+    """The exact tie-break after the queue: the fewest cached blocks, then the earliest
+    predicted end of work (idle longest)."""
+    index = ctx.index
+    held = index.local_count(inst.spec.instance_id) if index is not None else 0
+    return held, inst.prefill.busy_until_s
