@@ -485,44 +485,56 @@ def handoff(
     if fitted is None:
         info["transfer_set"] = False
         return cost_file, cost, info
-    doc = tomllib.loads(cost_file.read_text())
-    doc["transfer"] = {
+    transfer = {
         "bytes_per_s": fitted.transfer_bytes_per_s,
         "latency_s": fitted.transfer_latency_s,
     }
-    measured = dict(doc.get("measured", {}))
-    measured["transfer"] = (
+    note = (
         "bench/fidelity.py --scenario pd hand-off probe (ExampleConnector, shared folder):"
         f" TTFT through the gateway minus the prefill leg, {len(samples)} samples at"
         f" {lengths} tokens; each length's median less the profiled decode step, fitted"
         " latency_s + tokens * kv_bytes_per_token / bytes_per_s"
     )
-    doc["measured"] = measured
     out = work / "cost-pd.toml"
-    out.write_text(render_cost_file(doc, ["conductor profile's file, [transfer] fitted"]))
+    header = "conductor profile's file, [transfer] fitted"
+    rewrite_cost_file(cost_file, out, {"transfer": transfer}, {"transfer": note}, header)
     info["transfer_set"] = True
-    info["fitted_transfer"] = doc["transfer"]
+    info["fitted_transfer"] = transfer
     return out, parse_cost_file(out.read_text()).cost, info
+
+
+def rewrite_cost_file(
+    cost_file: Path,
+    out: Path,
+    tables: dict[str, Any],
+    measured: dict[str, Any],
+    header: str,
+) -> None:
+    """``cost_file`` written to ``out`` with ``tables`` replaced and ``measured``'s keys set
+    in its ``[measured]`` table, after a ``header`` comment."""
+    doc = tomllib.loads(cost_file.read_text())
+    doc.update(tables)
+    doc["measured"] = {**doc.get("measured", {}), **measured}
+    out.write_text(render_cost_file(doc, [header]))
 
 
 def decode_step_from(decode_file: Path, cost_file: Path, work: Path) -> Path:
     """``cost_file`` with the ``[decode]`` fit (and its samples) of ``decode_file``: the P/D
     scenario's decode engine profiled beside the prefill engine (``--profile-both``)."""
-    doc = tomllib.loads(cost_file.read_text())
     theirs = tomllib.loads(decode_file.read_text())
-    doc["decode"] = theirs["decode"]
-    measured = dict(doc.get("measured", {}))
-    for key in ("decode_samples", "decode_rms_error", "decode_max_error"):
-        if key in theirs.get("measured", {}):
-            measured[key] = theirs["measured"][key]
+    samples = theirs.get("measured", {})
+    measured = {
+        k: samples[k]
+        for k in ("decode_samples", "decode_rms_error", "decode_max_error")
+        if k in samples
+    }
     measured["decode"] = (
         "bench/fidelity.py --scenario pd --profile-both: the decode engine's own profile,"
         " taken at the same time as the prefill engine's"
     )
-    doc["measured"] = measured
     out = work / "cost-pd-decode.toml"
-    header = ["conductor profile's file, [decode] of the decode engine's"]
-    out.write_text(render_cost_file(doc, header))
+    header = "conductor profile's file, [decode] of the decode engine's"
+    rewrite_cost_file(cost_file, out, {"decode": theirs["decode"]}, measured, header)
     return out
 
 
