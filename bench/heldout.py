@@ -186,6 +186,16 @@ def verdict(rows: dict[str, dict[str, float]]) -> dict[str, object]:
     }
 
 
+def tally(results: list[dict[str, object]]) -> tuple[int, int, int]:
+    """In how many of ``results`` (each with :func:`verdict`'s keys) ``conductor`` has the
+    highest goodput, the lowest mean TTFT, and its TBT misses within the target."""
+    return (
+        sum(1 for r in results if r["highest_goodput"]),
+        sum(1 for r in results if r["lowest_ttft"]),
+        sum(1 for r in results if r["tbt_misses_ok"]),
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=DEFAULT_CASES, help="KIND:SPEED:SEED:VARIANT,...")
@@ -214,9 +224,7 @@ def main() -> None:
             flush=True,
         )
         results.append({"case": case.label, "rows": rows, **v})
-    top = sum(1 for r in results if r["highest_goodput"])
-    fastest = sum(1 for r in results if r["lowest_ttft"])
-    tbt_ok = sum(1 for r in results if r["tbt_misses_ok"])
+    top, fastest, tbt_ok = tally(results)
     print(
         f"conductor: highest goodput (or tied at 3 decimals) in {top} of {len(results)}, "
         f"lowest mean TTFT (or tied at 2 decimals) in {fastest} of {len(results)}, TBT misses "

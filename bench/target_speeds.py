@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from heldout import Case, run_case, verdict
+from heldout import Case, run_case, tally, verdict
 from hold_order import OPTIONS, RATE_RPS, REQUESTS
 
 from conductor.cli.sim_cmd import default_compare_policies
@@ -146,8 +146,7 @@ def main() -> None:
                     **v,
                 }
             )
-    top = sum(1 for r in results if r["highest_goodput"])
-    fastest = sum(1 for r in results if r["lowest_ttft"])
+    top, fastest, _ = tally(results)
     print(
         f"conductor at S*: highest goodput (or tied at 3 decimals) in {top} of {len(results)},"
         f" lowest mean TTFT (or tied at 2 decimals) in {fastest} of {len(results)}"
