@@ -338,29 +338,24 @@ def lanes_end(
     active = list(range(i, min(i + lanes, n)))
     nxt = i + len(active)
     t = 0.0
-    if chunk > 0 and step_left > 0.0:  # the step under way, without the newcomer
-        running = [a for a in active if a != me]
-        for a in running:
-            t += step_left * works[a] / left[a]
-        for a in running:
-            works[a] -= step_left * works[a] / left[a]
-            left[a] -= step_left
-            if left[a] <= 1e-12:
-                active.remove(a)
-                if nxt < n:
-                    active.append(nxt)
-                    nxt += 1
+    partial = step_left if chunk > 0 else 0.0
     while True:
         if chunk > 0:
-            m = min(left[a] for a in active)
+            if partial > 0.0:  # the step under way, without the newcomer
+                stepping = [a for a in active if a != me]
+                m = partial
+                partial = 0.0
+            else:
+                stepping = active
+                m = min(left[a] for a in active)
             step = 0.0
-            for a in active:
+            for a in stepping:
                 step += works[a] / left[a]
             t += m * step
-            for a in active:
+            for a in stepping:
                 works[a] -= m * works[a] / left[a]
                 left[a] -= m
-            done = [a for a in active if left[a] <= 1e-12]
+            done = [a for a in stepping if left[a] <= 1e-12]
         else:
             j = min(active, key=works.__getitem__)
             w = works[j]
