@@ -3,6 +3,7 @@ no parameter was chosen on (issue 13: "the evaluation will include workloads you
 have").
 
     python bench/heldout.py [--cases KIND:SPEED:SEED:VARIANT,...] [--json PATH]
+                            [--conductor-params KEY=VALUE,...]
 
 Every parameter of ``conductor`` was chosen on ``conductor trace synth`` workloads of seeds
 42 and 7 at the default settings (docs/policies.md). Here each case is a fresh workload
@@ -45,7 +46,9 @@ mean TTFT, SLO attainment and share of completed requests that missed the TBT SL
 best peer by goodput and the margin, and the peer with the lowest mean TTFT with its
 goodput (a peer that rejects more serves fewer, faster requests); at the end, in how many
 cases ``conductor`` kept its TBT misses within 1% where any policy did (issue 13).
-``--json`` keeps every policy's figures.
+``--json`` keeps every policy's figures. ``--conductor-params`` adds to ``conductor``'s
+``policy_params`` alone (e.g. ``work_price=0``: the placement key before the recompute price,
+docs/policies.md), for a before/after beside the same peers.
 """
 
 from __future__ import annotations
@@ -141,8 +144,26 @@ def parse_cases(text: str) -> list[Case]:
     return cases
 
 
-def run_case(case: Case, policies: list[str]) -> dict[str, dict[str, float]]:
-    """Every policy's goodput, mean TTFT and SLO attainment on ``case``."""
+def parse_params(text: str) -> dict[str, float]:
+    """``KEY=VALUE`` items, comma-separated (``conductor``'s ``policy_params``, e.g.
+    ``work_price=0``); ValueError naming a bad one."""
+    params: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        try:
+            if not sep or not key:
+                raise ValueError
+            params[key] = float(value)
+        except ValueError:
+            raise ValueError(f"{item!r} is not KEY=NUMBER") from None
+    return params
+
+
+def run_case(
+    case: Case, policies: list[str], conductor_params: dict[str, float] | None = None
+) -> dict[str, dict[str, float]]:
+    """Every policy's goodput, mean TTFT and SLO attainment on ``case`` (``conductor`` with
+    ``conductor_params`` added to its ``policy_params``)."""
     options: ClusterOptions = replace(OPTIONS, **VARIANTS[case.variant])  # type: ignore[arg-type]
     records = synthesize(case.kind, requests=REQUESTS, rate_rps=RATE_RPS, seed=case.seed)
     reqs = records_to_requests(records, speed=case.speed)
@@ -150,7 +171,12 @@ def run_case(case: Case, policies: list[str]) -> dict[str, dict[str, float]]:
     rows: dict[str, dict[str, float]] = {}
     tbt_slo_s = options.tbt_slo_ms / 1e3
     for policy in policies:
-        result = simulate(reqs, build_config(options, policy), outputs=outputs)
+        config = build_config(options, policy)
+        if policy == "conductor" and conductor_params:
+            sched = config.scheduler
+            params = {**sched.policy_params, **conductor_params}
+            config = replace(config, scheduler=replace(sched, policy_params=params))
+        result = simulate(reqs, config, outputs=outputs)
         summary = result.summary
         ttft = summary["ttft_s"]
         assert isinstance(ttft, dict)
@@ -200,16 +226,26 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=DEFAULT_CASES, help="KIND:SPEED:SEED:VARIANT,...")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--conductor-params",
+        default="",
+        help="KEY=VALUE,... added to conductor's policy_params (e.g. work_price=0: the rule "
+        "before the recompute price); the peers are unchanged",
+    )
     args = p.parse_args()
     try:
         cases = parse_cases(args.cases)
     except ValueError as exc:
         p.error(f"--cases: {exc}")
+    try:
+        params = parse_params(args.conductor_params)
+    except ValueError as exc:
+        p.error(f"--conductor-params: {exc}")
     policies = default_compare_policies()
     results = []
     print("case: conductor goodput req/s / mean TTFT s (att.) | best peer | lowest-TTFT peer")
     for case in cases:
-        rows = run_case(case, policies)
+        rows = run_case(case, policies, params)
         v = verdict(rows)
         ours = rows["conductor"]
         best, fast = str(v["best_peer"]), str(v["fastest_peer"])

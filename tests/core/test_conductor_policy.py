@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from conductor.core.config import SchedulerConfig
 from conductor.core.events import BlocksStored
 from conductor.core.plan import Plan
 from conductor.core.policies import policy_config_defaults
+from conductor.core.scheduler import Scheduler
 from conductor.core.state import InstanceSpec
 from conductor.core.types import RequestId, Role, Tier
 
@@ -82,6 +84,38 @@ def test_idle_ties_go_to_the_emptier_cache_then_the_longest_idle() -> None:
     _ended(c, "p1", 1.0)
     plan = c.schedule(req("s", hashes(9), 4), now_s=10.0)
     assert isinstance(plan, Plan) and plan.prefill == "p0"  # the emptier cache first
+
+
+def _no_fetch(work_price: float | None = None) -> Scheduler:
+    """Four prefill instances that reuse only their own caches (as behind a gateway)."""
+    params = {} if work_price is None else {"work_price": work_price}
+    config = SchedulerConfig(block_size_tokens=4, output_prior_tokens=10, policy_params=params)
+    c = Scheduler(LINEAR_COST, policy="conductor", config=config)
+    for i in range(4):
+        c.add_instance(InstanceSpec(iid(f"p{i}"), Role.PREFILL, pulls_kv=False))
+    c.add_instance(InstanceSpec(iid("d0"), Role.DECODE))
+    c.on_event(BlocksStored(iid("p0"), CHAIN[:8], Tier.DRAM))  # 32 of the prompt's 40 tokens
+    c.instances[iid("p0")].prefill.assign(RequestId("x"), 0.050, 0, 0.0)
+    return c
+
+
+def test_recomputing_a_held_prefix_is_priced_by_the_pool_s_load() -> None:
+    """p0 holds 32 of 40 tokens but is busy for 50 ms: 58 ms there, 40 ms recomputing on an
+    idle instance. With p0 the only busy one the recompute costs 40 + 0.5 x 1/3 x 32 =
+    45.3 ms and wins; with p2 and p3 busy too, 40 + 0.5 x 3/1 x 32 = 88 ms: it waits for
+    p0. Without the price (``work_price`` 0) it recomputes either way."""
+    for price, others_busy, chosen, ttft in (
+        (None, False, "p1", 0.040),
+        (None, True, "p0", 0.058),
+        (0.0, True, "p1", 0.040),
+    ):
+        c = _no_fetch(price)
+        if others_busy:
+            for name in ("p2", "p3"):
+                c.instances[iid(name)].prefill.assign(RequestId(f"y{name}"), 0.060, 0, 0.0)
+        plan = _plan(c, req("r", CHAIN, 40))
+        assert (plan.prefill, plan.fetch) == (chosen, None)
+        assert plan.predicted_ttft_s == pytest.approx(ttft)  # the price is not in the TTFT
 
 
 def test_conductor_brings_admission_and_cpp() -> None:

@@ -53,8 +53,10 @@ def test_the_scheduler_measures_the_prefill_instances_evictions() -> None:
 
 def _cluster(capacity_tokens: int | None, **params: float) -> Scheduler:
     """Prefill a and b (caches of ``capacity_tokens``; no KV pulls), decode d; block 4
-    tokens, prefill 1 ms per new token."""
-    config = SchedulerConfig(block_size_tokens=4, policy_params=params)
+    tokens, prefill 1 ms per new token. The recompute price is off (``work_price`` 0): these
+    tests isolate the eviction price (the recompute price has its own in
+    tests/core/test_conductor_policy.py)."""
+    config = SchedulerConfig(block_size_tokens=4, policy_params={"work_price": 0.0, **params})
     c = Scheduler(LINEAR_COST, policy="conductor", config=config)
     for name in ("a", "b"):
         spec = InstanceSpec(

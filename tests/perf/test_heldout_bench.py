@@ -57,6 +57,36 @@ def test_cases_parse_and_bad_ones_are_named() -> None:
         assert case.variant in m.VARIANTS
 
 
+def test_conductor_params_parse_and_bad_ones_are_named() -> None:
+    m = _bench()
+    assert m.parse_params("") == {}
+    assert m.parse_params("work_price=0, late_binding=1.5") == {
+        "work_price": 0.0,
+        "late_binding": 1.5,
+    }
+    for text in ("work_price", "=1", "work_price=cheap"):
+        with pytest.raises(ValueError, match=f"{text!r} is not KEY=NUMBER"):
+            m.parse_params(text)
+
+
+def test_conductor_params_reach_conductor_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_case`` adds the params to ``conductor``'s config only (the simulator is
+    replaced by one that records what each policy was given)."""
+    m = _bench()
+    seen: dict[str, dict[str, float]] = {}
+    real = m.simulate
+
+    def record(reqs, config, outputs):  # type: ignore[no-untyped-def]
+        seen[config.policy] = dict(config.scheduler.policy_params)
+        return real(reqs[:20], config, outputs=outputs[:20])
+
+    monkeypatch.setattr(m, "simulate", record)
+    case = m.parse_cases("docqa:1:13:nofetch")[0]
+    rows = m.run_case(case, ["llmd", "conductor"], {"work_price": 0.0})
+    assert set(rows) == {"llmd", "conductor"}
+    assert seen["conductor"]["work_price"] == 0.0 and "work_price" not in seen["llmd"]
+
+
 def test_verdict_compares_with_the_best_and_the_fastest_peer() -> None:
     m = _bench()
 

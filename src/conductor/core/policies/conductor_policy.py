@@ -18,7 +18,14 @@ migration, lines 20-21). Where an instance's cache size is known and its cache i
 key adds what its store would evict: ``w x prefill_s(evicted blocks' tokens, 0)``, ``w``
 the measured chance that an evicted block is asked for again
 (:mod:`conductor.core.eviction_regret`; ``policy_params["eviction_weight"]`` overrides it);
-the predicted TTFT does not include it.
+the predicted TTFT does not include it. The key also prices the compute an instance would
+spend on prefix blocks that another instance holds (recomputing a held document because
+its holder is busy): ``w x (prefill_s(local) - prefill_s(b))`` with ``w = WORK_PRICE x
+busy / max(idle, 1)`` over the prefill pool (instances with predicted work left, and
+without): at light load such compute takes nothing from anyone and costs nothing; with most
+instances busy it delays the requests after it, and waiting for the holder is cheaper
+(:data:`WORK_PRICE`; ``policy_params["work_price"]`` overrides it, 0 switches it off; the
+predicted TTFT does not include it either). A fetch recomputes nothing and pays nothing.
 
 On a pool of only ``role=both`` instances (aggregated engines: each decodes what it
 prefills, and a prompt's chunks stall the decodes sharing its steps) the key is
@@ -45,6 +52,7 @@ Those defaults were fixed from the cost model and checked on one generated workl
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import ClassVar
 
 from conductor.core.late_binding_rule import HOLD_AGE_WEIGHT, HOLD_HEADROOM_MARGIN, LateBinding
@@ -60,6 +68,13 @@ from conductor.core.policies.registry import register
 from conductor.core.state import InstanceState
 from conductor.core.tbt import TBT_MARGIN
 from conductor.core.types import Role
+
+WORK_PRICE = 0.5
+"""How the ``conductor`` key prices a second of prefill compute that reuses less than the
+best held prefix, per busy prefill instance per idle one (see the module docstring).
+Chosen on generated workloads only (``conductor trace synth``, seeds 42 and 7, the 48
+default, no-fetch and ``conductor serve``-like cases of docs/policies.md "Pricing the
+recompute") among a constant 0.5, 1, 2, 4 and load-scaled forms; never on a reported trace."""
 
 
 @register
@@ -100,6 +115,8 @@ class ConductorPolicy:
         n_blocks = len(ctx.request.block_hashes)
         bs = ctx.config.block_size_tokens
         evict_s: dict[int, float] = {}  # blocks evicted -> their price (many share one)
+        work = _work_weight(pool, now, params.get("work_price", WORK_PRICE))
+        best_compute = ctx.prefill_s(best_tokens) if work > 0.0 else 0.0
         # transfers requested by now are booked before the first fetch is priced, whether
         # or not that fetch's NIC wait is then read
         nic = ctx.nic
@@ -134,6 +151,8 @@ class ConductorPolicy:
                 cost = ttft / ttft_slo + tbt_cost
             else:
                 cost = ttft
+                if work > 0.0 and not fetches and local > best_compute:
+                    cost += work * (local - best_compute)  # recomputing what another holds
             if weight > 0.0 and (
                 winner is None
                 or over < winner_key[0]
@@ -146,7 +165,7 @@ class ConductorPolicy:
                     if price is None:
                         price = evict_s[evict] = weight * ctx.cost.prefill_s(evict * bs, 0)
                     ttft += price
-                    cost = ttft / ttft_slo + tbt_cost if colocated else ttft
+                    cost = ttft / ttft_slo + tbt_cost if colocated else cost + price
             key = (over, cost, queue, inst.prefill.queued_tokens)
             if (
                 winner is None
@@ -183,6 +202,15 @@ def _estimate(
         fetch = ctx.cost.transfer_s(best_tokens - local, nic_bytes_per_s) + compute
         return compute_local, fetch, compute
     return compute_local, math.inf, math.inf
+
+
+def _work_weight(pool: Sequence[InstanceState], now_s: float, price: float) -> float:
+    """``price x busy / max(idle, 1)``: prefill instances with predicted work left at
+    ``now_s`` per instance without (at least one counted)."""
+    if price <= 0.0:
+        return 0.0
+    busy = sum(1 for inst in pool if inst.prefill.busy_until_s > now_s)
+    return price * busy / max(len(pool) - busy, 1)
 
 
 def _spread(ctx: SchedulingContext, inst: InstanceState) -> tuple[int, float]:
