@@ -25,7 +25,8 @@ busy / max(idle, 1)`` over the prefill pool (instances with predicted work left,
 without): at light load such compute takes nothing from anyone and costs nothing; with most
 instances busy it delays the requests after it, and waiting for the holder is cheaper
 (:data:`WORK_PRICE`; ``policy_params["work_price"]`` overrides it, 0 switches it off; the
-predicted TTFT does not include it either). A fetch recomputes nothing and pays nothing.
+predicted TTFT does not include it either). A fetch recomputes nothing and pays nothing;
+the colocated key below has no such price (measured there and not kept, docs/policies.md).
 
 On a pool of only ``role=both`` instances (aggregated engines: each decodes what it
 prefills, and a prompt's chunks stall the decodes sharing its steps) the key is
@@ -115,7 +116,7 @@ class ConductorPolicy:
         n_blocks = len(ctx.request.block_hashes)
         bs = ctx.config.block_size_tokens
         evict_s: dict[int, float] = {}  # blocks evicted -> their price (many share one)
-        work = _work_weight(pool, now, params.get("work_price", WORK_PRICE))
+        work = 0.0 if colocated else _work_weight(pool, now, params.get("work_price", WORK_PRICE))
         best_compute = ctx.prefill_s(best_tokens) if work > 0.0 else 0.0
         # transfers requested by now are booked before the first fetch is priced, whether
         # or not that fetch's NIC wait is then read
