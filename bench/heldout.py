@@ -150,6 +150,7 @@ def parse_params(text: str) -> dict[str, float]:
     params: dict[str, float] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
+        key = key.strip()
         try:
             if not sep or not key:
                 raise ValueError

@@ -60,7 +60,7 @@ def test_cases_parse_and_bad_ones_are_named() -> None:
 def test_conductor_params_parse_and_bad_ones_are_named() -> None:
     m = _bench()
     assert m.parse_params("") == {}
-    assert m.parse_params("work_price=0, late_binding=1.5") == {
+    assert m.parse_params("work_price = 0, late_binding=1.5") == {
         "work_price": 0.0,
         "late_binding": 1.5,
     }
